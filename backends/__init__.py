@@ -1,0 +1,1 @@
+"""Sandbox backends: each decides only how the agent is started and reached."""

@@ -1,0 +1,1 @@
+"""Placeholder package; filled by later issues."""

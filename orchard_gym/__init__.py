@@ -1,0 +1,31 @@
+"""orchard-gym: train and evaluate LLM agents in real sandboxes through the Gymnasium API.
+
+Importing the package is cheap: it never imports torch, docker or kubernetes.
+"""
+
+from __future__ import annotations
+
+from .client import AsyncSandboxClient, AsyncSandboxInstance, SandboxClient, SandboxInstance
+from .errors import (
+    AgentUnavailable,
+    AuthenticationError,
+    BackendError,
+    ImageNotFound,
+    InvalidRequest,
+    JobNotFound,
+    OrchardError,
+    SandboxFailed,
+    SandboxNotFound,
+    SandboxTimeout,
+    ServiceUnavailable,
+)
+from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AgentUnavailable", "AsyncSandboxClient", "AsyncSandboxInstance", "AuthenticationError", "BackendError",
+    "ExecEvent", "FileInfo", "ImageNotFound", "InvalidRequest", "JobNotFound", "JobResult", "OrchardError",
+    "PatchResult", "SandboxClient", "SandboxFailed", "SandboxInstance", "SandboxNotFound", "SandboxRecord",
+    "SandboxSpec", "SandboxTimeout", "ServiceUnavailable", "__version__",
+]

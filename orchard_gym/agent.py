@@ -1,0 +1,765 @@
+#!/usr/bin/env python3
+"""The execution agent that runs inside every sandbox.
+
+It is injected into images we do not control, so it uses the Python standard
+library only and lives in this one file. It serves a small JSON-over-HTTP API on a
+TCP port or a unix socket:
+
+    GET  /health                      no auth: {"status", "version", "uptime"}
+    POST /exec                        run a command, return its output
+    POST /exec/stream                 the same, streamed as NDJSON chunks
+    POST /files                       upload {path, content (base64), mode}
+    PUT  /files?path=P&mode=M         upload raw bytes
+    GET  /files?path=P                download raw bytes
+    GET  /files/list?path=P           list a directory
+    POST /patch                       apply a unified diff with git (or patch)
+
+Every route but /health needs `Authorization: Bearer <token>`. Bad requests get a
+4xx JSON error; the agent never crashes on them.
+
+Timeouts kill the whole process tree of a command, including descendants that
+called setsid or double-forked: each command's environment carries a unique
+ORCHARD_JOB marker, and on timeout we kill its process group and then every
+process whose environment holds the marker (the same idea as a cgroup, without
+needing one). The agent also makes itself a child subreaper so that orphaned
+descendants stay under it (and get reaped) rather than escaping to the host's init.
+
+Run `python3 agent.py --help` for options.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hmac
+import json
+import os
+import selectors
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+VERSION = "0.1.0"
+DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024  # bytes per stream
+MAX_BODY = 512 * 1024 * 1024  # largest request body we accept
+JOB_MARKER = "ORCHARD_JOB"
+KILL_GRACE = 0.2  # seconds to let pipes drain after the main process exits
+
+
+class BadRequest(Exception):
+    """A client error: answered with a 4xx and a message."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _set_child_subreaper() -> None:
+    """Keep orphaned descendants under this process (Linux only, best effort)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_CHILD_SUBREAPER = 36
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except Exception:
+        pass
+
+
+_tracked_pids: set[int] = set()  # pids owned by a Popen object: never reaped by us
+_tracked_lock = threading.Lock()
+
+
+def _children() -> set[int]:
+    """Our direct children, from /proc/self/task/*/children (cheap, Linux only)."""
+    kids: set[int] = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                kids.update(int(p) for p in f.read().split())
+    except OSError:
+        pass
+    return kids
+
+
+def _reap_orphans() -> None:
+    """Reap zombie orphans re-parented to us without stealing Popen's children.
+
+    Popen's children are registered under _tracked_lock in the same critical section
+    that forks them, so none can be mistaken for an orphan here.
+    """
+    with _tracked_lock:
+        for pid in _children() - _tracked_pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def _reaper_loop() -> None:
+    while True:
+        time.sleep(1.0)
+        _reap_orphans()
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
+def _has_marker(pid: int, marker: bytes) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return marker in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_job(proc: subprocess.Popen, marker: str) -> None:
+    """Kill the command's process group and every process carrying its marker."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    needle = f"{JOB_MARKER}={marker}".encode()
+    me = os.getpid()
+    # A forking loop can spawn while we kill; sweep until a pass finds nothing.
+    for _ in range(50):
+        found = [p for p in _pids() if p != me and _has_marker(p, needle)]
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+
+
+class Runner:
+    """Builds the argv of a command and runs it with a timeout and output caps."""
+
+    def __init__(self, default_cwd: str, max_output: int):
+        self.default_cwd = default_cwd
+        self.max_output = max_output
+        self.shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
+        self.active: dict[str, tuple[subprocess.Popen, str]] = {}
+        self.lock = threading.Lock()
+
+    def argv(self, command, login_shell: bool) -> list[str]:
+        if isinstance(command, str):
+            if not command.strip():
+                raise BadRequest("command is empty")
+            return [self.shell, "-lc" if login_shell else "-c", command]
+        if isinstance(command, list) and command and all(isinstance(a, str) for a in command):
+            return command
+        raise BadRequest("command must be a non-empty string or a list of strings")
+
+    def start(self, req: dict) -> tuple[subprocess.Popen, str, float]:
+        _only_keys(req, {"command", "cwd", "env", "timeout", "stdin", "login_shell", "max_output"})
+        if "command" not in req:
+            raise BadRequest("missing field: command", 422)
+        argv = self.argv(req["command"], bool(_typed(req, "login_shell", bool, False)))
+        cwd = os.path.join(self.default_cwd, _typed(req, "cwd", str, None) or "")
+        extra_env = _typed(req, "env", dict, None) or {}
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
+            raise BadRequest("env must map strings to strings", 422)
+        timeout = _typed(req, "timeout", (int, float), 600)
+        if timeout <= 0:
+            raise BadRequest("timeout must be positive", 422)
+        stdin = _typed(req, "stdin", str, None)
+        if not os.path.isdir(cwd):
+            raise BadRequest(f"cwd does not exist: {cwd}", 422)
+        marker = uuid.uuid4().hex
+        env = dict(os.environ)
+        env.pop("ORCHARD_AGENT_TOKEN", None)
+        env.update(extra_env)
+        env[JOB_MARKER] = marker
+        try:
+            with _tracked_lock:
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=cwd,
+                    env=env,
+                    stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                )
+                _tracked_pids.add(proc.pid)
+        except FileNotFoundError as e:
+            raise BadRequest(f"executable not found: {e.filename}", 422)
+        except PermissionError as e:
+            raise BadRequest(f"permission denied: {e.filename}", 422)
+        with self.lock:
+            self.active[marker] = (proc, marker)
+        if stdin is not None:
+            threading.Thread(target=_feed_stdin, args=(proc, stdin.encode()), daemon=True).start()
+        return proc, marker, float(timeout)
+
+    def stream(self, proc: subprocess.Popen, marker: str, timeout: float, max_output: int):
+        """Yield ("stdout"|"stderr", bytes) chunks, then ("exit", result dict).
+
+        Waits on the pipes and on a pidfd (process exit) together, so a command's end is
+        seen at once; a background child that keeps the pipes open after the command
+        exits is given KILL_GRACE to finish writing, then left alone.
+        """
+        start = time.monotonic()
+        deadline = start + timeout
+        sel = selectors.DefaultSelector()
+        for name, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            os.set_blocking(pipe.fileno(), False)
+            sel.register(pipe, selectors.EVENT_READ, name)
+        pidfd = _pidfd(proc.pid)
+        if pidfd is not None:
+            sel.register(pidfd, selectors.EVENT_READ, "exit")
+        sizes = {"stdout": 0, "stderr": 0}
+        open_pipes = 2
+        truncated = timed_out = False
+        exited_at = None
+        try:
+            while True:
+                now = time.monotonic()
+                if exited_at is None and proc.poll() is not None:
+                    exited_at = now
+                if exited_at is not None and (open_pipes == 0 or now - exited_at > KILL_GRACE):
+                    break
+                if now >= deadline:
+                    timed_out = True
+                    break
+                if exited_at is not None:
+                    wait = KILL_GRACE - (now - exited_at)
+                elif pidfd is not None:
+                    wait = deadline - now
+                else:
+                    wait = min(deadline - now, 0.01)
+                for key, _ in sel.select(wait):
+                    if key.data == "exit":
+                        sel.unregister(pidfd)  # proc.poll() reaps it on the next turn
+                        continue
+                    try:
+                        data = os.read(key.fileobj.fileno(), 65536)
+                    except BlockingIOError:
+                        continue
+                    if not data:
+                        sel.unregister(key.fileobj)
+                        open_pipes -= 1
+                        continue
+                    name = key.data
+                    room = max_output - sizes[name]
+                    if len(data) > room:
+                        truncated = True
+                        data = data[:room]
+                    sizes[name] += len(data)
+                    if data:
+                        yield name, data
+            if timed_out:
+                kill_job(proc, marker)
+            code = proc.wait()
+        finally:
+            sel.close()
+            if pidfd is not None:
+                os.close(pidfd)
+            for pipe in (proc.stdout, proc.stderr, proc.stdin):
+                if pipe:
+                    try:
+                        pipe.close()
+                    except OSError:
+                        pass
+            with self.lock:
+                self.active.pop(marker, None)
+            with _tracked_lock:
+                _tracked_pids.discard(proc.pid)
+        yield "exit", {
+            "exit_code": -9 if timed_out else code,
+            "duration": round(time.monotonic() - start, 6),
+            "timed_out": timed_out,
+            "truncated": truncated,
+        }
+
+    def run(self, req: dict) -> dict:
+        max_output = _typed(req, "max_output", int, self.max_output)
+        proc, marker, timeout = self.start(req)
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        result: dict = {}
+        for name, data in self.stream(proc, marker, timeout, max_output):
+            if name == "exit":
+                result = data
+            else:
+                out[name] += data
+        result["stdout"] = out["stdout"].decode("utf-8", "replace")
+        result["stderr"] = out["stderr"].decode("utf-8", "replace")
+        return result
+
+    def kill_all(self) -> None:
+        with self.lock:
+            jobs = list(self.active.values())
+        for proc, marker in jobs:
+            kill_job(proc, marker)
+
+
+def _pidfd(pid: int) -> int | None:
+    """A file descriptor that turns readable when `pid` exits (Linux 5.3+), else None."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def _feed_stdin(proc: subprocess.Popen, data: bytes) -> None:
+    try:
+        proc.stdin.write(data)
+        proc.stdin.close()
+    except (OSError, ValueError):
+        pass
+
+
+# --------------------------------------------------------------------------- files
+
+
+def list_dir(path: str) -> dict:
+    if not os.path.isdir(path):
+        raise BadRequest(f"not a directory: {path}", 404)
+    files = []
+    with os.scandir(path) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            try:
+                st = entry.stat(follow_symlinks=False)
+                is_dir = entry.is_dir(follow_symlinks=True)
+            except OSError:
+                continue
+            files.append(
+                {
+                    "name": entry.name,
+                    "type": "directory" if is_dir else ("symlink" if entry.is_symlink() else "file"),
+                    "size": st.st_size,
+                    "modified": st.st_mtime,
+                }
+            )
+    return {"path": path, "files": files}
+
+
+def write_file(path: str, data: bytes, mode: int | None) -> dict:
+    if os.path.isdir(path):
+        raise BadRequest(f"is a directory: {path}", 409)
+    parent = os.path.dirname(path) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{path}.orchard-{uuid.uuid4().hex[:8]}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)  # atomic: a reader never sees half a file
+    return {"success": True, "path": path, "size": len(data)}
+
+
+def apply_patch(runner: Runner, patch: str, cwd: str | None, timeout: float) -> dict:
+    cwd = cwd or runner.default_cwd
+    if not patch.strip():
+        raise BadRequest("patch is empty", 422)
+    if shutil.which("git"):
+        argv = ["git", "apply", "--verbose", "--whitespace=nowarn", "-"]
+        if not os.path.isdir(os.path.join(cwd, ".git")):
+            argv.insert(2, "--unsafe-paths")
+    elif shutil.which("patch"):
+        argv = ["patch", "-p1", "--forward", "--batch"]
+    else:
+        raise BadRequest("neither git nor patch is available in this sandbox", 501)
+    res = runner.run({"command": argv, "cwd": cwd, "timeout": timeout, "stdin": patch})
+    return {
+        "success": res["exit_code"] == 0,
+        "stdout": res["stdout"],
+        "stderr": res["stderr"],
+        "exit_code": res["exit_code"],
+    }
+
+
+# --------------------------------------------------------------------------- http
+
+
+def _typed(req: dict, key: str, types, default):
+    value = req.get(key, default)
+    if value is None or value is default:
+        return value
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise BadRequest(f"{key} has the wrong type", 422)
+    if not isinstance(value, types):
+        raise BadRequest(f"{key} has the wrong type", 422)
+    return value
+
+
+def _only_keys(req: dict, allowed: set[str]) -> None:
+    unknown = set(req) - allowed
+    if unknown:
+        raise BadRequest(f"unknown fields: {sorted(unknown)}", 422)
+
+
+def _abs_path(path) -> str:
+    if not isinstance(path, str) or not path:
+        raise BadRequest("path must be a non-empty string", 422)
+    if "\0" in path:
+        raise BadRequest("path contains a NUL byte", 422)
+    return os.path.abspath(os.path.join(Handler.runner.default_cwd, path))
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = f"orchard-agent/{VERSION}"
+    runner: Runner
+    token: str
+    started: float
+
+    def log_message(self, format, *args):  # noqa: A002 - quiet by default
+        if os.environ.get("ORCHARD_AGENT_DEBUG"):
+            sys.stderr.write("agent: " + (format % args) + "\n")
+
+    def address_string(self) -> str:  # unix sockets have no client address
+        return str(self.client_address or "unix")
+
+    # -- plumbing
+    def _json(self, status: int, obj) -> None:
+        self._send(status, json.dumps(obj).encode())
+
+    def _body(self) -> bytes:
+        self._body_read = True
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            raise BadRequest("chunked request bodies are not supported", 411)
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            raise BadRequest("bad Content-Length")
+        if length < 0 or length > MAX_BODY:
+            raise BadRequest("request body too large", 413)
+        return self.rfile.read(length) if length else b""
+
+    def _json_body(self) -> dict:
+        raw = self._body()
+        try:
+            obj = json.loads(raw or b"null")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"malformed JSON: {e}")
+        if not isinstance(obj, dict):
+            raise BadRequest("the body must be a JSON object", 422)
+        return obj
+
+    def _authorized(self) -> bool:
+        header = self.headers.get("Authorization", "")
+        given = header[7:] if header.startswith("Bearer ") else ""
+        return hmac.compare_digest(given.encode(), self.token.encode())
+
+    def _dispatch(self, method: str) -> None:
+        self._body_read = False
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        route = (method, url.path.rstrip("/") or "/")
+        handler = ROUTES.get(route)
+        try:
+            if handler is None:
+                known = {p for _, p in ROUTES}
+                if url.path.rstrip("/") in known:
+                    raise BadRequest(f"method {method} not allowed on {url.path}", 405)
+                raise BadRequest(f"no such route: {url.path}", 404)
+            if route != ("GET", "/health") and not self._authorized():
+                raise BadRequest("missing or wrong bearer token", 401)
+            handler(self, query)
+        except BadRequest as e:
+            self._safe_error(e.status, str(e))
+        except FileNotFoundError as e:
+            self._safe_error(404, f"no such file: {e.filename}")
+        except IsADirectoryError as e:
+            self._safe_error(409, f"is a directory: {e.filename}")
+        except NotADirectoryError as e:
+            self._safe_error(409, f"not a directory: {e.filename}")
+        except PermissionError as e:
+            self._safe_error(403, f"permission denied: {e.filename}")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # a bug: answer it rather than drop the connection
+            self._safe_error(500, f"{type(e).__name__}: {e}")
+
+    def _safe_error(self, status: int, message: str) -> None:
+        if not self._body_read:
+            self._discard_body()
+        try:
+            self._json(status, {"error": message, "status": status})
+        except OSError:
+            self.close_connection = True
+
+    def send_error(self, code, message=None, explain=None):
+        """Errors from the HTTP parser itself: JSON like ours, always with a status line."""
+        self.request_version = "HTTP/1.1"
+        self.close_connection = True
+        try:
+            self._json(code, {"error": message or HTTPStatus(code).phrase, "status": code})
+        except (OSError, ValueError):
+            pass
+
+    def _discard_body(self) -> None:
+        """An unread body would be parsed as the next request: drain it or hang up."""
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if 0 <= length <= 1 << 20 and "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+            try:
+                self.rfile.read(length)
+                return
+            except OSError:
+                pass
+        self.close_connection = True
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        self._dispatch("GET")
+
+    def do_POST(self):
+        self._dispatch("POST")
+
+    def do_PUT(self):
+        self._dispatch("PUT")
+
+    def do_DELETE(self):
+        self._dispatch("DELETE")
+
+    # -- routes
+    def health(self, query):
+        self._json(200, {"status": "ok", "version": VERSION, "uptime": time.monotonic() - self.started,
+                         "pid": os.getpid()})
+
+    def exec_(self, query):
+        self._json(200, self.runner.run(self._json_body()))
+
+    def exec_stream(self, query):
+        req = self._json_body()
+        max_output = _typed(req, "max_output", int, self.runner.max_output)
+        proc, marker, timeout = self.runner.start(req)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for name, data in self.runner.stream(proc, marker, timeout, max_output):
+                if name == "exit":
+                    event = dict(data, type="exit")
+                else:
+                    event = {"type": name, "data": data.decode("utf-8", "replace")}
+                line = json.dumps(event).encode() + b"\n"
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                self.wfile.flush()
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            kill_job(proc, marker)  # nobody is listening any more
+            self.close_connection = True
+
+    def upload_json(self, query):
+        req = self._json_body()
+        _only_keys(req, {"path", "content", "mode", "encoding"})
+        path = _abs_path(req.get("path"))
+        content = req.get("content")
+        if not isinstance(content, str):
+            raise BadRequest("content must be a string", 422)
+        if req.get("encoding", "base64") == "base64":
+            try:
+                data = base64.b64decode(content, validate=True)
+            except ValueError:
+                raise BadRequest("content is not valid base64", 422)
+        elif req.get("encoding") == "utf-8":
+            data = content.encode()
+        else:
+            raise BadRequest("encoding must be base64 or utf-8", 422)
+        self._json(200, write_file(path, data, _mode(req.get("mode"))))
+
+    def upload_raw(self, query):
+        path = _abs_path(query.get("path"))
+        data = self._body()
+        self._json(200, write_file(path, data, _mode(query.get("mode"))))
+
+    def download(self, query):
+        path = _abs_path(query.get("path"))
+        if os.path.isdir(path):
+            raise BadRequest(f"is a directory: {path}", 409)
+        with open(path, "rb") as f:
+            data = f.read()
+        self._send(200, data, "application/octet-stream")
+
+    def list_files(self, query):
+        self._json(200, list_dir(_abs_path(query.get("path", "."))))
+
+    def patch(self, query):
+        req = self._json_body()
+        _only_keys(req, {"patch", "cwd", "timeout"})
+        patch = req.get("patch")
+        if not isinstance(patch, str):
+            raise BadRequest("patch must be a string", 422)
+        timeout = _typed(req, "timeout", (int, float), 120)
+        cwd = _typed(req, "cwd", str, None)
+        self._json(200, apply_patch(self.runner, patch, cwd and _abs_path(cwd), timeout))
+
+
+def _mode(value) -> int | None:
+    if value is None:
+        return None
+    try:
+        mode = int(value, 8) if isinstance(value, str) else int(value)
+    except (TypeError, ValueError):
+        raise BadRequest("mode must be an integer or an octal string", 422)
+    if isinstance(value, bool) or not 0 <= mode <= 0o7777:
+        raise BadRequest("mode out of range", 422)
+    return mode
+
+
+ROUTES = {
+    ("GET", "/health"): Handler.health,
+    ("POST", "/exec"): Handler.exec_,
+    ("POST", "/exec/stream"): Handler.exec_stream,
+    ("POST", "/files"): Handler.upload_json,
+    ("PUT", "/files"): Handler.upload_raw,
+    ("GET", "/files"): Handler.download,
+    ("GET", "/files/list"): Handler.list_files,
+    ("POST", "/patch"): Handler.patch,
+}
+
+
+class _QuietErrors:
+    def handle_error(self, request, client_address):  # a client hung up mid-request
+        if os.environ.get("ORCHARD_AGENT_DEBUG"):
+            super().handle_error(request, client_address)
+
+
+class UnixHTTPServer(_QuietErrors, socketserver.ThreadingUnixStreamServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def server_bind(self):
+        try:
+            os.unlink(self.server_address)
+        except FileNotFoundError:
+            pass
+        super().server_bind()
+        os.chmod(self.server_address, 0o600)
+
+
+class TCPHTTPServer(_QuietErrors, ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+    def server_bind(self):
+        self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        super().server_bind()
+
+
+def _apply_limits(memory: int | None, cpus: float | None) -> None:
+    """Limits the agent sets on itself, so that every command inherits them."""
+    if memory:
+        import resource
+
+        # the agent itself needs some room beyond what its commands get
+        resource.setrlimit(resource.RLIMIT_AS, (memory + 64 * 2**20, memory + 64 * 2**20))
+    if cpus and hasattr(os, "sched_setaffinity"):
+        available = sorted(os.sched_getaffinity(0))
+        want = max(1, min(len(available), int(-(-cpus // 1))))
+        start = (os.getpid() * 7) % len(available)  # spread sandboxes over the cores
+        os.sched_setaffinity(0, {available[(start + i) % len(available)] for i in range(want)})
+
+
+def shutdown(runner: Runner) -> None:
+    """Kill our jobs and everything else of this sandbox, then exit."""
+    runner.kill_all()
+    sandbox = os.environ.get("ORCHARD_SANDBOX")
+    if sandbox:
+        needle = f"ORCHARD_SANDBOX={sandbox}".encode()
+        me = os.getpid()
+        for pid in _pids():
+            if pid != me and _has_marker(pid, needle):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+    os._exit(0)
+
+
+def _watch_parent(parent: int, runner: Runner) -> None:
+    """Exit (killing our jobs) when the process that started us is gone."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            shutdown(runner)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="orchard-agent", description=__doc__.split("\n\n")[0])
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", help="serve on this unix socket path")
+    where.add_argument("--port", type=int, help="serve on this TCP port")
+    p.add_argument("--host", default="0.0.0.0", help="TCP address to bind (with --port)")
+    p.add_argument("--token-file", help="file holding the bearer token (else $ORCHARD_AGENT_TOKEN)")
+    p.add_argument("--cwd", default=None, help="default working directory of commands")
+    p.add_argument("--max-output", type=int, default=DEFAULT_MAX_OUTPUT, help="bytes kept per stream")
+    p.add_argument("--exit-with-parent", action="store_true", help="exit when the parent process dies")
+    p.add_argument("--ready-file", help="touch this file once serving")
+    p.add_argument("--limit-memory", type=int, help="address-space limit in bytes for every command")
+    p.add_argument("--limit-cpus", type=float, help="pin commands to this many CPUs")
+    args = p.parse_args(argv)
+
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    else:
+        token = os.environ.get("ORCHARD_AGENT_TOKEN", "")
+    if not token:
+        p.error("a token is required: --token-file or $ORCHARD_AGENT_TOKEN")
+    os.environ.pop("ORCHARD_AGENT_TOKEN", None)
+
+    cwd = os.path.abspath(args.cwd or os.getcwd())
+    threading.stack_size(512 * 1024)  # a thread per connection: keep the address space small
+    runner = Runner(cwd, args.max_output)
+    Handler.runner, Handler.token, Handler.started = runner, token, time.monotonic()
+    parent = os.getppid()
+    _set_child_subreaper()
+    _apply_limits(args.limit_memory, args.limit_cpus)
+
+    if args.socket:
+        server = UnixHTTPServer(args.socket, Handler)
+    else:
+        server = TCPHTTPServer((args.host, args.port), Handler)
+
+    def stop(signum, frame):
+        shutdown(runner)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    threading.Thread(target=_reaper_loop, daemon=True).start()
+    if args.exit_with_parent:
+        threading.Thread(target=_watch_parent, args=(parent, runner), daemon=True).start()
+    if args.ready_file:
+        open(args.ready_file, "w").close()
+    server.serve_forever(poll_interval=3600)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Wire and record models shared by the SDK, the backends and the orchestrator."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+SandboxStatus = Literal["pending", "running", "failed", "deleting", "deleted"]
+JobStatus = Literal["queued", "running", "succeeded", "failed"]
+
+
+def parse_memory(value: int | str | None) -> int | None:
+    """'512m', '2Gi', '1.5g' or a byte count -> bytes."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError("memory must be a byte count or a string like '512m'")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError("memory must be positive")
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)?\s*", str(value).lower())
+    if not m:
+        raise ValueError(f"cannot read memory size {value!r}; use e.g. '512m' or '2Gi'")
+    scale = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2)]
+    size = int(float(m.group(1)) * scale)
+    if size <= 0:
+        raise ValueError("memory must be positive")
+    return size
+
+
+class SandboxSpec(BaseModel):
+    """What to create: the body of `POST /sandboxes` and `create_sandbox()`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    image: str | None = Field(None, description="task image; on the local backend None or 'host'")
+    block_network: bool = True
+    sandbox_id: str | None = Field(None, description="DNS-label id; generated when absent")
+    cpu: float | None = Field(None, gt=0, le=1024)
+    memory: int | str | None = Field(None, description="bytes, or '512m', '2Gi'")
+    timeout: float | None = Field(None, gt=0, le=86400, description="seconds to wait for ready")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("sandbox_id")
+    @classmethod
+    def _check_id(cls, v: str | None) -> str | None:
+        if v is not None and not SANDBOX_ID_RE.match(v):
+            raise ValueError("sandbox_id must be a DNS label: lowercase letters, digits, '-', at most 63")
+        return v
+
+    @field_validator("memory")
+    @classmethod
+    def _check_memory(cls, v):
+        parse_memory(v)
+        return v
+
+    @property
+    def memory_bytes(self) -> int | None:
+        return parse_memory(self.memory)
+
+
+class AgentEndpoint(BaseModel):
+    """How to reach a sandbox's agent: a unix socket or an HTTP base URL, and its token."""
+
+    base_url: str | None = None
+    uds: str | None = None
+    token: str
+
+
+class SandboxRecord(BaseModel):
+    """A sandbox as the backend and the orchestrator know it."""
+
+    sandbox_id: str
+    image: str | None = None
+    status: SandboxStatus = "pending"
+    backend: str = "local"
+    block_network: bool = True
+    cpu: float | None = None
+    memory: int | str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    last_heartbeat: float = Field(default_factory=time.time)
+    error: str | None = None
+    endpoint: AgentEndpoint | None = Field(None, exclude=True)  # holds the token: never serialised
+    details: dict[str, Any] = Field(default_factory=dict, description="backend-specific")
+
+    def public(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"endpoint", "details"})
+
+
+class ExecRequest(BaseModel):
+    """One command: the body of the agent's `POST /exec`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | list[str]
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    timeout: float = Field(600, gt=0, le=7 * 86400)
+    stdin: str | None = None
+    login_shell: bool = False
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty(cls, v):
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+            raise ValueError("command is empty")
+        return v
+
+
+class ExecResult(BaseModel):
+    """What the agent answers for one command."""
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    timed_out: bool = False
+    truncated: bool = False
+
+
+class JobResult(BaseModel):
+    """A command's outcome, in Orchard Env's shape (plus duration/timed_out/truncated)."""
+
+    job_id: str
+    sandbox_id: str | None = None
+    command: str | list[str] | None = None
+    status: JobStatus = "queued"
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+    created_at: float | None = None
+    started_at: float | None = None
+    completed_at: float | None = None
+    error: str | None = None
+    duration: float | None = None
+    timed_out: bool = False
+    truncated: bool = False
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == "succeeded"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
+
+    @property
+    def is_complete(self) -> bool:
+        return self.status in ("succeeded", "failed")
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class PatchResult(BaseModel):
+    success: bool
+    stdout: str = ""
+    stderr: str = ""
+    exit_code: int | None = None
+
+
+class FileInfo(BaseModel):
+    name: str
+    type: Literal["file", "directory", "symlink"]
+    size: int
+    modified: float
+
+
+class ExecEvent(BaseModel):
+    """One event of a streamed exec: a chunk of output, or the final result."""
+
+    type: Literal["stdout", "stderr", "exit"]
+    data: str | None = None
+    exit_code: int | None = None
+    duration: float | None = None
+    timed_out: bool = False
+    truncated: bool = False
