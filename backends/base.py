@@ -1,0 +1,91 @@
+"""The backend interface: create, reach, delete, list. Everything else lives above it."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from abc import ABC, abstractmethod
+
+from orchard_gym.agent_client import AgentClient
+from orchard_gym.errors import SandboxFailed, SandboxTimeout
+from orchard_gym.models import SandboxRecord, SandboxSpec
+
+OWNER_LABEL = "orchard-gym.owner"
+SANDBOX_LABEL = "orchard-gym.sandbox"
+
+
+def new_sandbox_id() -> str:
+    return "sb-" + uuid.uuid4().hex[:16]
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class Backend(ABC):
+    """Starts sandboxes with the agent in them and says how to reach the agent.
+
+    Backends only decide how the agent is started and reached; exec, files and health
+    are the same agent calls everywhere (see `orchard_gym.agent_client`).
+    """
+
+    name: str = "backend"
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        """Start a sandbox and return its record with `endpoint` set (status pending)."""
+
+    @abstractmethod
+    async def delete(self, sandbox_id: str) -> bool:
+        """Kill every process of the sandbox and free its resources; False if unknown."""
+
+    @abstractmethod
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        """The backend's view of one sandbox (with endpoint), or None."""
+
+    @abstractmethod
+    async def list(self) -> list[SandboxRecord]:
+        """Every sandbox this backend's owner label covers."""
+
+    async def is_alive(self, sandbox_id: str) -> bool:
+        record = await self.get(sandbox_id)
+        return record is not None and record.status in ("pending", "running")
+
+    async def sweep(self) -> list[str]:
+        """Remove what dead owners left behind; returns the ids removed."""
+        return []
+
+    def resources(self) -> dict:
+        return {"backend": self.name}
+
+    async def aclose(self) -> None:
+        """Release clients and connections (sandboxes are not deleted)."""
+
+    async def wait_ready(self, record: SandboxRecord, timeout: float) -> SandboxRecord:
+        """Wait until the agent answers /health. Backends with a watch override this."""
+        assert record.endpoint is not None
+        client = AgentClient(record.endpoint)
+        deadline = time.monotonic() + timeout
+        delay = 0.002
+        try:
+            while True:
+                try:
+                    await client.health(timeout=max(0.1, min(2.0, deadline - time.monotonic())))
+                    record.status = "running"
+                    return record
+                except Exception as e:  # not up yet: connection refused, no socket, ...
+                    last = e
+                if time.monotonic() >= deadline:
+                    raise SandboxTimeout(
+                        f"sandbox {record.sandbox_id} not ready after {timeout:.0f}s ({type(last).__name__}: {last})"
+                    )
+                if not await self.is_alive(record.sandbox_id):
+                    current = await self.get(record.sandbox_id)
+                    reason = (current and current.error) or "its process exited"
+                    raise SandboxFailed(f"sandbox {record.sandbox_id} failed to start: {reason}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.1)
+        finally:
+            await client.aclose()

@@ -1,0 +1,282 @@
+"""The local backend: a sandbox is a working directory plus one agent process.
+
+Where bubblewrap (`bwrap`) is installed the agent runs in its own PID, mount, IPC,
+UTS and (unless `block_network=False`) network namespaces: the sandbox directory is
+writable, the rest of the system read-only, `/tmp` private, every capability
+dropped. The agent listens on a unix socket in a folder bound into the namespace.
+Without bubblewrap (macOS, minimal hosts) the agent is a plain process and a
+warning says so once.
+
+State lives on disk (`ROOT/<id>/meta.json`), so another process — a restarted
+orchestrator, `orchard sandbox gc` — can find, adopt or sweep sandboxes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from orchard_gym import agent as agent_module
+from orchard_gym._loop import run_in_thread
+from orchard_gym.errors import BackendError, InvalidRequest
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+
+from . import procs
+from .base import Backend, new_sandbox_id, new_token
+from .config import LocalBackendConfig
+
+log = logging.getLogger(__name__)
+HOST_IMAGES = (None, "", "host")
+_warned_no_bwrap = False
+
+
+def default_root() -> Path:
+    env = os.environ.get("ORCHARD_LOCAL_ROOT")
+    return Path(env) if env else Path(tempfile.gettempdir()) / f"orchard-gym-{os.getuid()}"
+
+
+def _python() -> tuple[str, str]:
+    """The real interpreter (not a venv shim) and its prefix, for running the agent."""
+    exe = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+    return exe, os.path.realpath(sys.base_prefix)
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, config: LocalBackendConfig | None = None):
+        self.config = config or LocalBackendConfig()
+        self.root = (self.config.root or default_root()).resolve()
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.bwrap = self._find_bwrap()
+        self._procs: dict[str, subprocess.Popen] = {}
+        self.swept = self.sweep_sync()  # what crashed clients left behind
+
+    def _find_bwrap(self) -> str | None:
+        global _warned_no_bwrap
+        if self.config.isolation == "none":
+            return None
+        path = shutil.which("bwrap")
+        if path is None and self.config.isolation == "bwrap":
+            raise BackendError("isolation='bwrap' but bubblewrap is not installed (apt-get install bubblewrap)")
+        if path is None and not _warned_no_bwrap:
+            _warned_no_bwrap = True
+            warnings.warn(
+                "bubblewrap (bwrap) not found: local sandboxes run as plain processes, "
+                "without namespaces or network blocking",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return path
+
+    # ------------------------------------------------------------------ create
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        if spec.image not in HOST_IMAGES:
+            raise InvalidRequest(
+                f"the local backend runs the host's own userland; image must be None or 'host', "
+                f"not {spec.image!r} (use the docker backend for images)"
+            )
+        sandbox_id = spec.sandbox_id or new_sandbox_id()
+        home = self.root / sandbox_id
+        try:
+            home.mkdir(mode=0o700)
+        except FileExistsError:
+            raise InvalidRequest(f"sandbox {sandbox_id} already exists") from None
+        work, run = home / "work", home / "run"
+        work.mkdir()
+        run.mkdir()
+        token = new_token()
+        isolation = "bwrap" if self.bwrap else "none"
+        if not spec.block_network or isolation == "none":
+            network = "host"
+        else:
+            network = "none"
+        meta = {
+            "sandbox_id": sandbox_id,
+            "image": spec.image or "host",
+            "token": token,
+            "socket": str(run / "agent.sock"),
+            "workdir": str(work),
+            "isolation": isolation,
+            "network": network,
+            "block_network": spec.block_network,
+            "cpu": spec.cpu,
+            "memory": spec.memory,
+            "env": spec.env,
+            "labels": spec.labels,
+            "created_at": time.time(),
+            "owner": procs.identity(os.getpid()),
+            "die_with_client": self.config.die_with_client,
+        }
+        argv = self._argv(meta, spec)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8",
+               "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id, **spec.env}
+        with open(home / "agent.log", "wb") as logf:
+            try:
+                proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            except OSError as e:
+                shutil.rmtree(home, ignore_errors=True)
+                raise BackendError(f"cannot start the agent: {e}") from e
+        self._procs[sandbox_id] = proc
+        meta["pid"] = procs.identity(proc.pid)
+        _write_json(home / "meta.json", meta)
+        return self._record(meta, status="pending")
+
+    def _argv(self, meta: dict, spec: SandboxSpec) -> list[str]:
+        python, prefix = _python()
+        agent_py = os.path.realpath(agent_module.__file__)
+        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
+                 "--max-output", str(self.config.max_output)]
+        if spec.memory is not None:
+            agent += ["--limit-memory", str(spec.memory_bytes)]
+        if spec.cpu is not None:
+            agent += ["--limit-cpus", str(spec.cpu)]
+        if self.config.die_with_client:
+            agent.append("--exit-with-parent")
+        if not self.bwrap:
+            return agent
+        work, run = meta["workdir"], str(Path(meta["socket"]).parent)
+        argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+        if not str(self.root).startswith("/tmp/"):
+            argv += ["--tmpfs", str(self.root)]  # hide the other sandboxes (and their tokens)
+        for path in (prefix, agent_py):  # stay reachable even if they live under a hidden folder
+            if path.startswith("/tmp/") or path.startswith(str(self.root)):
+                argv += ["--ro-bind", path, path]
+        argv += ["--bind", work, work, "--bind", run, run, "--chdir", work,
+                 "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                 "--hostname", meta["sandbox_id"][:63], "--cap-drop", "ALL", "--new-session"]
+        if meta["network"] == "none":
+            argv.append("--unshare-net")
+        if self.config.die_with_client:
+            argv.append("--die-with-parent")
+        return argv + ["--"] + agent
+
+    # ------------------------------------------------------------------ query
+    def _record(self, meta: dict, status: str | None = None) -> SandboxRecord:
+        if status is None:
+            status = "running" if procs.alive(meta.get("pid")) else "failed"
+        error = None
+        if status == "failed":
+            error = "the sandbox's agent process is gone" + _log_tail(Path(meta["workdir"]).parent / "agent.log")
+        return SandboxRecord(
+            sandbox_id=meta["sandbox_id"],
+            image=meta["image"],
+            status=status,
+            backend=self.name,
+            block_network=meta["block_network"],
+            cpu=meta.get("cpu"),
+            memory=meta.get("memory"),
+            env=meta.get("env", {}),
+            labels=meta.get("labels", {}),
+            workdir=meta["workdir"],
+            created_at=meta["created_at"],
+            error=error,
+            endpoint=AgentEndpoint(uds=meta["socket"], token=meta["token"]),
+            details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid")},
+        )
+
+    def _meta(self, sandbox_id: str) -> dict | None:
+        if "/" in sandbox_id or sandbox_id in ("", ".", ".."):
+            return None
+        try:
+            return json.loads((self.root / sandbox_id / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        meta = self._meta(sandbox_id)
+        return self._record(meta) if meta else None
+
+    async def list(self) -> list[SandboxRecord]:
+        out = []
+        for home in sorted(self.root.iterdir()):
+            meta = self._meta(home.name)
+            if meta:
+                out.append(self._record(meta))
+        return out
+
+    async def is_alive(self, sandbox_id: str) -> bool:
+        meta = self._meta(sandbox_id)
+        return bool(meta) and procs.alive(meta.get("pid"))
+
+    def resources(self) -> dict:
+        homes = [h for h in self.root.iterdir() if (h / "meta.json").exists()]
+        return {
+            "backend": self.name,
+            "isolation": "bwrap" if self.bwrap else "none",
+            "cpus": os.cpu_count(),
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "sandboxes": len(homes),
+            "root": str(self.root),
+        }
+
+    # ------------------------------------------------------------------ delete
+    async def delete(self, sandbox_id: str) -> bool:
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            return False
+        await run_in_thread(self._destroy, meta)
+        return True
+
+    def _destroy(self, meta: dict) -> None:
+        """Kill every process of the sandbox, then remove its folder."""
+        proc = self._procs.pop(meta["sandbox_id"], None)
+        # In a PID namespace killing the tree kills everything; a plain process's
+        # escaped descendants are found by the marker in their environment.
+        marker = f"ORCHARD_SANDBOX={meta['sandbox_id']}" if meta["isolation"] == "none" else None
+        procs.kill_tree(meta.get("pid"), marker=marker)
+        if proc is not None:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("sandbox %s: agent did not exit after SIGKILL", meta["sandbox_id"])
+        shutil.rmtree(Path(meta["workdir"]).parent, ignore_errors=True)
+
+    def sweep_sync(self) -> list[str]:
+        """Remove sandboxes whose creating process died (die_with_client) or whose agent died."""
+        removed = []
+        for home in self.root.iterdir():
+            meta = self._meta(home.name)
+            if meta is None:
+                # a folder without meta.json is a create that crashed midway; give it a minute
+                if home.is_dir() and time.time() - home.stat().st_mtime > 60:
+                    shutil.rmtree(home, ignore_errors=True)
+                    removed.append(home.name)
+                continue
+            owner_gone = meta.get("die_with_client") and not procs.alive(meta.get("owner"))
+            if owner_gone or not procs.alive(meta.get("pid")):
+                self._destroy(meta)
+                removed.append(meta["sandbox_id"])
+        return removed
+
+    async def sweep(self) -> list[str]:
+        return await run_in_thread(self.sweep_sync)
+
+    async def aclose(self) -> None:
+        self._procs.clear()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def _log_tail(path: Path, size: int = 600) -> str:
+    try:
+        data = path.read_bytes()[-size:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f"; agent log: {data}" if data else ""
+

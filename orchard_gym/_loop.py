@@ -1,0 +1,69 @@
+"""One background event loop per process, for the synchronous API."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An asyncio loop on a daemon thread; `run(coro)` blocks until the coroutine ends.
+
+    Sandboxes started from this thread die with the process (bubblewrap ties a sandbox
+    to the thread that spawned it), so the thread lives as long as the process does.
+    """
+
+    _shared: LoopThread | None = None
+    _lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._serve, name="orchard-gym-loop", daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    @classmethod
+    def shared(cls) -> LoopThread:
+        with cls._lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("the sync API was called from its own event loop; use the async API there")
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout)
+        except BaseException:
+            future.cancel()  # e.g. Ctrl-C in the caller: stop the work too
+            raise
+
+
+async def run_in_thread(fn, *args):
+    """Like asyncio.to_thread, but on a fresh thread, so it still works at interpreter
+    exit, when the default executor refuses new work (exit cleanup needs it then)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(setter, value):
+        if not future.done():
+            setter(value)
+
+    def work():
+        try:
+            result = fn(*args)
+        except BaseException as e:  # handed to the awaiting coroutine
+            loop.call_soon_threadsafe(settle, future.set_exception, e)
+        else:
+            loop.call_soon_threadsafe(settle, future.set_result, result)
+
+    threading.Thread(target=work, name="orchard-gym-io", daemon=True).start()
+    return await future

@@ -1,0 +1,104 @@
+"""The client of the in-sandbox agent: the one seam every backend shares."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from .agent_http import AgentConnectError, AgentHTTP, AgentProtocolError, ErrorAnswer, Response
+from .errors import AgentUnavailable, AuthenticationError, InvalidRequest, OrchardError, SandboxTimeout
+from .models import AgentEndpoint, ExecEvent, ExecRequest, ExecResult, FileInfo, PatchResult
+from .retry import RetryPolicy, retrying
+
+# the agent enforces a command's timeout; the HTTP wait needs only some slack beyond it
+SLACK = 10.0
+
+
+class AgentClient:
+    """Talks to one agent over a unix socket or TCP (async; keeps connections open)."""
+
+    def __init__(self, endpoint: AgentEndpoint, retry: RetryPolicy | None = None):
+        self.endpoint = endpoint
+        self.retry = retry or RetryPolicy()
+        self._http = AgentHTTP(uds=endpoint.uds, base_url=endpoint.base_url, token=endpoint.token)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def _request(self, method: str, path: str, *, idempotent: bool = True, timeout: float = 30.0,
+                       params: dict | None = None, body: bytes | None = None,
+                       ctype: str = "application/json") -> Response:
+        try:
+            async for attempt in retrying(self.retry, idempotent=idempotent):
+                with attempt:
+                    resp = await self._http.request(method, path, params=params, body=body, ctype=ctype,
+                                                    timeout=timeout)
+        except TimeoutError as e:
+            raise SandboxTimeout(f"agent did not answer {method} {path} within {timeout:.0f}s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+        _raise_for_status(resp)
+        return resp
+
+    async def health(self, timeout: float = 2.0) -> dict:
+        resp = await self._http.request("GET", "/health", timeout=timeout)
+        _raise_for_status(resp)
+        return resp.json()
+
+    async def exec(self, req: ExecRequest) -> ExecResult:
+        body = json.dumps(req.model_dump(exclude_none=True)).encode()
+        resp = await self._request("POST", "/exec", body=body, idempotent=False, timeout=req.timeout + SLACK)
+        return ExecResult.model_validate_json(resp.body)
+
+    async def exec_stream(self, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        body = json.dumps(req.model_dump(exclude_none=True)).encode()
+        try:
+            async for line in self._http.stream_lines("POST", "/exec/stream", body=body,
+                                                      timeout=req.timeout + SLACK):
+                if line.strip():
+                    yield ExecEvent.model_validate_json(line)
+        except ErrorAnswer as e:
+            _raise_for_status(e.response)
+        except TimeoutError as e:
+            raise SandboxTimeout("agent stream timed out") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+
+    async def upload(self, path: str, data: bytes, mode: int | None = None) -> dict:
+        params = {"path": path}
+        if mode is not None:
+            params["mode"] = oct(mode)[2:]
+        resp = await self._request("PUT", "/files", params=params, body=data, ctype="application/octet-stream",
+                                   timeout=300)
+        return resp.json()
+
+    async def download(self, path: str) -> bytes:
+        return (await self._request("GET", "/files", params={"path": path}, timeout=300)).body
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        resp = await self._request("GET", "/files/list", params={"path": path})
+        return [FileInfo.model_validate(f) for f in resp.json()["files"]]
+
+    async def apply_patch(self, patch: str, cwd: str | None = None, timeout: float = 120) -> PatchResult:
+        payload = {"patch": patch, "timeout": timeout}
+        if cwd:
+            payload["cwd"] = cwd
+        resp = await self._request("POST", "/patch", body=json.dumps(payload).encode(), idempotent=False,
+                                   timeout=timeout + SLACK)
+        return PatchResult.model_validate_json(resp.body)
+
+
+def _raise_for_status(resp: Response) -> None:
+    if resp.status < 400:
+        return
+    try:
+        message = resp.json().get("error") or resp.body.decode("utf-8", "replace")
+    except (ValueError, AttributeError):
+        message = resp.body.decode("utf-8", "replace")
+    if resp.status == 401:
+        raise AuthenticationError(message)
+    if resp.status == 404 and "no such file" in message:
+        raise FileNotFoundError(message)
+    if resp.status < 500:
+        raise InvalidRequest(f"{resp.status}: {message}")
+    raise OrchardError(f"agent error {resp.status}: {message}")

@@ -1,0 +1,450 @@
+"""The sandbox SDK, drop-in compatible with Orchard Env's Python SDK.
+
+    from orchard_gym import SandboxClient
+
+    with SandboxClient() as client:                 # local backend by default
+        sandbox = client.create_sandbox()
+        print(sandbox.exec("echo hello").stdout)    # hello
+
+`AsyncSandboxClient` is the real implementation; `SandboxClient` runs it on a
+background event loop. Either takes a backend config (in-process) or `base_url` +
+`api_key` of an orchestrator; with neither (and no `ORCHARD_BASE_URL`), the local
+backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import threading
+import warnings
+import weakref
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+from ._loop import LoopThread
+from .control import InProcessControl, SandboxControl
+from .errors import InvalidRequest, SandboxNotFound
+from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .retry import RetryPolicy
+
+DEFAULT_READY_TIMEOUT = 120.0
+_live_clients: weakref.WeakSet[AsyncSandboxClient] = weakref.WeakSet()
+
+
+class AsyncSandboxInstance:
+    """One sandbox: run commands, move files, apply patches."""
+
+    def __init__(self, client: AsyncSandboxClient, record: SandboxRecord):
+        self._client = client
+        self.record = record
+        self._heartbeat: asyncio.Task | None = None
+
+    @property
+    def sandbox_id(self) -> str:
+        return self.record.sandbox_id
+
+    @property
+    def id(self) -> str:
+        return self.record.sandbox_id
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def workdir(self) -> str | None:
+        """The default working directory of commands (local backend: the sandbox folder)."""
+        return self.record.workdir
+
+    @property
+    def _control(self) -> SandboxControl:
+        return self._client._control
+
+    def __repr__(self) -> str:
+        return f"<AsyncSandboxInstance {self.sandbox_id} {self.status}>"
+
+    async def exec(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
+                   env: dict[str, str] | None = None, stdin: str | None = None,
+                   login_shell: bool = False) -> JobResult:
+        """Run a shell string (or an argv list) and wait for it. Never raises on a
+        non-zero exit: check `result.exit_code` / `result.succeeded`."""
+        req = _exec_request(command, timeout, cwd, env, stdin, login_shell)
+        return await self._control.exec(self.sandbox_id, req)
+
+    async def exec_stream(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
+                          env: dict[str, str] | None = None, stdin: str | None = None,
+                          login_shell: bool = False) -> AsyncIterator[ExecEvent]:
+        """Run a command and yield its output as it comes; the last event has type 'exit'."""
+        req = _exec_request(command, timeout, cwd, env, stdin, login_shell)
+        async for event in self._control.exec_stream(self.sandbox_id, req):
+            yield event
+
+    async def apply_patch(self, patch: str, timeout: float = 120, cwd: str | None = None) -> PatchResult:
+        if not isinstance(patch, str):
+            raise InvalidRequest("patch must be a string")
+        return await self._control.apply_patch(self.sandbox_id, patch, timeout, cwd)
+
+    async def upload_content(self, content: str | bytes, remote_path: str, mode: int | None = None) -> dict:
+        data = content.encode() if isinstance(content, str) else content
+        if not isinstance(data, (bytes, bytearray)):
+            raise InvalidRequest("content must be str or bytes")
+        return await self._control.upload(self.sandbox_id, remote_path, bytes(data), mode)
+
+    async def upload_file(self, local_path: str | os.PathLike, remote_path: str, mode: int | None = None) -> dict:
+        local = Path(local_path)
+        data = await asyncio.to_thread(local.read_bytes)
+        return await self.upload_content(data, remote_path, mode if mode is not None else local.stat().st_mode & 0o7777)
+
+    async def download_content(self, remote_path: str) -> bytes:
+        return await self._control.download(self.sandbox_id, remote_path)
+
+    async def download_file(self, remote_path: str, local_path: str | os.PathLike) -> Path:
+        data = await self.download_content(remote_path)
+        local = Path(local_path)
+        await asyncio.to_thread(local.write_bytes, data)
+        return local
+
+    async def list_files(self, path: str = ".") -> list[FileInfo]:
+        return await self._control.list_files(self.sandbox_id, path)
+
+    async def refresh(self) -> SandboxRecord:
+        self.record = await self._control.get(self.sandbox_id)
+        return self.record
+
+    async def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> SandboxRecord:
+        self.record = await self._control.wait_ready(self.sandbox_id, timeout)
+        return self.record
+
+    async def heartbeat(self) -> None:
+        await self._control.heartbeat(self.sandbox_id)
+
+    def start_heartbeat(self, interval: float = 30.0) -> None:
+        """Keep the sandbox alive on an orchestrator that reaps idle ones."""
+        if interval <= 0:
+            raise InvalidRequest("interval must be positive")
+        self.stop_heartbeat()
+
+        async def beat():
+            while True:
+                try:
+                    await self.heartbeat()
+                except SandboxNotFound:
+                    return
+                except Exception:
+                    pass  # transient; the next beat retries
+                await asyncio.sleep(interval)
+
+        self._heartbeat = asyncio.get_running_loop().create_task(beat())
+
+    def stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+
+    async def delete(self) -> None:
+        self.stop_heartbeat()
+        await self._client.delete_sandbox(self.sandbox_id)
+        self.record.status = "deleted"
+
+    async def __aenter__(self) -> AsyncSandboxInstance:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.delete()
+        except SandboxNotFound:
+            pass
+
+
+class AsyncSandboxClient:
+    """Creates and finds sandboxes on a backend in this process, or on an orchestrator."""
+
+    def __init__(self, backend=None, *, base_url: str | None = None, api_key: str | None = None,
+                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True):
+        if backend is not None and base_url is not None:
+            raise InvalidRequest("give either a backend or base_url, not both")
+        if backend is None and base_url is None:
+            base_url = os.environ.get("ORCHARD_BASE_URL") or None
+            api_key = api_key or os.environ.get("ORCHARD_API_KEY")
+        self._backend_spec, self._base_url, self._api_key = backend, base_url, api_key
+        self.retry = retry or RetryPolicy()
+        self._control = self._make_control()
+        self._owned: dict[str, AsyncSandboxInstance] = {}
+        self._closed = False
+        if cleanup_at_exit:
+            _live_clients.add(self)
+            _install_exit_cleanup()
+
+    def _make_control(self) -> SandboxControl:
+        if self._base_url:
+            from .remote import RemoteControl
+
+            return RemoteControl(self._base_url, self._api_key, self.retry)
+        from orchard_gym.backends.base import Backend
+        from orchard_gym.backends.config import LocalBackendConfig, parse_backend_config
+
+        spec = self._backend_spec
+        if isinstance(spec, Backend):
+            return InProcessControl(spec, self.retry)
+        config = parse_backend_config(spec) if spec is not None else LocalBackendConfig()
+        return InProcessControl(config.get_backend(), self.retry)
+
+    @property
+    def backend(self):
+        """The in-process backend object (None in remote mode)."""
+        return getattr(self._control, "backend", None)
+
+    async def create_sandbox(self, image: str | None = None, block_network: bool = True,
+                             sandbox_id: str | None = None, cpu: float | None = None,
+                             memory: int | str | None = None, timeout: float = DEFAULT_READY_TIMEOUT,
+                             wait_ready: bool = True, env: dict[str, str] | None = None,
+                             labels: dict[str, str] | None = None) -> AsyncSandboxInstance:
+        """Start a sandbox from `image` (local backend: None or 'host') and, by default,
+        wait until its agent answers."""
+        spec = _validated(SandboxSpec, image=image, block_network=block_network, sandbox_id=sandbox_id,
+                          cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {})
+        record = await self._control.create(spec, wait_ready, timeout)
+        instance = AsyncSandboxInstance(self, record)
+        self._owned[record.sandbox_id] = instance
+        return instance
+
+    async def get_sandbox(self, sandbox_id: str) -> AsyncSandboxInstance:
+        record = await self._control.get(sandbox_id)
+        return self._owned.get(sandbox_id) or AsyncSandboxInstance(self, record)
+
+    async def list_sandboxes(self) -> list[SandboxRecord]:
+        return await self._control.list()
+
+    async def delete_sandbox(self, sandbox_id: str) -> None:
+        instance = self._owned.pop(sandbox_id, None)
+        if instance is not None:
+            instance.stop_heartbeat()
+        await self._control.delete(sandbox_id)
+
+    async def cleanup_all(self) -> int:
+        """Delete every sandbox this client created; returns how many."""
+        ids = list(self._owned)
+        results = await asyncio.gather(*(self.delete_sandbox(i) for i in ids), return_exceptions=True)
+        return sum(1 for r in results if not isinstance(r, BaseException))
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.cleanup_all()
+        finally:
+            await self._control.aclose()
+            _live_clients.discard(self)
+
+    async def __aenter__(self) -> AsyncSandboxClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def _cleanup_at_exit(self) -> None:
+        """Runs at interpreter exit: the user's loop may be gone, so use a fresh control."""
+        if self._closed or not self._owned:
+            return
+        ids = list(self._owned)
+
+        async def run():
+            control = self._make_control()
+            try:
+                await asyncio.gather(*(control.delete(i) for i in ids), return_exceptions=True)
+            finally:
+                await control.aclose()
+
+        asyncio.run(run())
+        self._owned.clear()
+
+
+def _exec_request(command, timeout, cwd, env, stdin, login_shell) -> ExecRequest:
+    return _validated(ExecRequest, command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
+                      login_shell=login_shell)
+
+
+def _validated(model, **fields):
+    from pydantic import ValidationError
+
+    try:
+        return model(**fields)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(map(str, err['loc'])) or 'value'}: {err['msg']}" for err in e.errors())
+        raise InvalidRequest(problems) from None
+
+
+# --------------------------------------------------------------------------- sync twins
+
+
+class SandboxInstance:
+    """The synchronous twin of AsyncSandboxInstance."""
+
+    def __init__(self, client: SandboxClient, inner: AsyncSandboxInstance):
+        self._client, self._inner = client, inner
+        self._run = client._loop.run
+
+    sandbox_id = property(lambda self: self._inner.sandbox_id)
+    id = property(lambda self: self._inner.sandbox_id)
+    record = property(lambda self: self._inner.record)
+    status = property(lambda self: self._inner.status)
+    workdir = property(lambda self: self._inner.workdir)
+
+    def __repr__(self) -> str:
+        return f"<SandboxInstance {self.sandbox_id} {self.status}>"
+
+    def exec(self, command, timeout: float = 600, cwd=None, env=None, stdin=None, login_shell=False) -> JobResult:
+        return self._run(self._inner.exec(command, timeout, cwd, env, stdin, login_shell))
+
+    def exec_stream(self, command, timeout: float = 600, cwd=None, env=None, stdin=None,
+                    login_shell=False) -> Iterator[ExecEvent]:
+        agen = self._inner.exec_stream(command, timeout, cwd, env, stdin, login_shell)
+        while True:
+            try:
+                yield self._run(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def apply_patch(self, patch: str, timeout: float = 120, cwd=None) -> PatchResult:
+        return self._run(self._inner.apply_patch(patch, timeout, cwd))
+
+    def upload_content(self, content, remote_path: str, mode: int | None = None) -> dict:
+        return self._run(self._inner.upload_content(content, remote_path, mode))
+
+    def upload_file(self, local_path, remote_path: str, mode: int | None = None) -> dict:
+        return self._run(self._inner.upload_file(local_path, remote_path, mode))
+
+    def download_content(self, remote_path: str) -> bytes:
+        return self._run(self._inner.download_content(remote_path))
+
+    def download_file(self, remote_path: str, local_path) -> Path:
+        return self._run(self._inner.download_file(remote_path, local_path))
+
+    def list_files(self, path: str = ".") -> list[FileInfo]:
+        return self._run(self._inner.list_files(path))
+
+    def refresh(self) -> SandboxRecord:
+        return self._run(self._inner.refresh())
+
+    def wait_ready(self, timeout: float = DEFAULT_READY_TIMEOUT) -> SandboxRecord:
+        return self._run(self._inner.wait_ready(timeout))
+
+    def heartbeat(self) -> None:
+        self._run(self._inner.heartbeat())
+
+    def start_heartbeat(self, interval: float = 30.0) -> None:
+        async def start():
+            self._inner.start_heartbeat(interval)
+
+        self._run(start())
+
+    def stop_heartbeat(self) -> None:
+        async def stop():
+            self._inner.stop_heartbeat()
+
+        self._run(stop())
+
+    def delete(self) -> None:
+        self._run(self._inner.delete())
+
+    def __enter__(self) -> SandboxInstance:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.delete()
+        except SandboxNotFound:
+            pass
+
+
+class SandboxClient:
+    """The synchronous twin of AsyncSandboxClient (same arguments)."""
+
+    def __init__(self, backend=None, *, base_url: str | None = None, api_key: str | None = None,
+                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True):
+        self._loop = LoopThread.shared()
+
+        async def make():
+            return AsyncSandboxClient(backend, base_url=base_url, api_key=api_key, retry=retry,
+                                      cleanup_at_exit=False)
+
+        self._async = self._loop.run(make())
+        self._closed = False
+        if cleanup_at_exit:
+            _live_clients.add(self)
+            _install_exit_cleanup()
+
+    @property
+    def backend(self):
+        return self._async.backend
+
+    def _wrap(self, inner: AsyncSandboxInstance) -> SandboxInstance:
+        return SandboxInstance(self, inner)
+
+    def create_sandbox(self, image=None, block_network: bool = True, sandbox_id=None, cpu=None, memory=None,
+                       timeout: float = DEFAULT_READY_TIMEOUT, wait_ready: bool = True, env=None,
+                       labels=None) -> SandboxInstance:
+        return self._wrap(self._loop.run(self._async.create_sandbox(
+            image, block_network, sandbox_id, cpu, memory, timeout, wait_ready, env, labels)))
+
+    def get_sandbox(self, sandbox_id: str) -> SandboxInstance:
+        return self._wrap(self._loop.run(self._async.get_sandbox(sandbox_id)))
+
+    def list_sandboxes(self) -> list[SandboxRecord]:
+        return self._loop.run(self._async.list_sandboxes())
+
+    def delete_sandbox(self, sandbox_id: str) -> None:
+        self._loop.run(self._async.delete_sandbox(sandbox_id))
+
+    def cleanup_all(self) -> int:
+        return self._loop.run(self._async.cleanup_all())
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._loop.run(self._async.aclose())
+            _live_clients.discard(self)
+
+    def __enter__(self) -> SandboxClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _cleanup_at_exit(self) -> None:
+        if not self._closed:
+            self._loop.run(self._async.cleanup_all(), timeout=60)
+
+
+# --------------------------------------------------------------------------- exit cleanup
+
+_cleanup_installed = False
+
+
+def _cleanup_live_clients() -> None:
+    for client in list(_live_clients):
+        try:
+            client._cleanup_at_exit()
+        except Exception as e:  # keep going: other clients still need cleaning
+            warnings.warn(f"orchard-gym: exit cleanup failed: {type(e).__name__}: {e}", RuntimeWarning, stacklevel=1)
+
+
+def _install_exit_cleanup() -> None:
+    """Delete this process's sandboxes at exit, on SIGTERM too (which skips atexit)."""
+    global _cleanup_installed
+    if _cleanup_installed:
+        return
+    _cleanup_installed = True
+    atexit.register(_cleanup_live_clients)
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                signal.signal(sig, _exit_on_signal)
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through atexit, which cleans up

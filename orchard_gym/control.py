@@ -1,0 +1,191 @@
+"""Where the SDK's calls go: the in-process control (a backend in this process) or a
+remote orchestrator (`orchard_gym.remote`). Both speak this one interface."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+
+from .agent_client import AgentClient
+from .errors import AgentUnavailable, SandboxFailed, SandboxNotFound
+from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .retry import RetryPolicy
+
+
+class SandboxControl(ABC):
+    """The operations a SandboxInstance needs, by sandbox id."""
+
+    @abstractmethod
+    async def create(self, spec: SandboxSpec, wait_ready: bool, timeout: float) -> SandboxRecord: ...
+
+    @abstractmethod
+    async def get(self, sandbox_id: str) -> SandboxRecord: ...
+
+    @abstractmethod
+    async def list(self) -> list[SandboxRecord]: ...
+
+    @abstractmethod
+    async def wait_ready(self, sandbox_id: str, timeout: float) -> SandboxRecord: ...
+
+    @abstractmethod
+    async def delete(self, sandbox_id: str) -> None: ...
+
+    @abstractmethod
+    async def heartbeat(self, sandbox_id: str) -> None: ...
+
+    @abstractmethod
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> JobResult: ...
+
+    @abstractmethod
+    def exec_stream(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]: ...
+
+    @abstractmethod
+    async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict: ...
+
+    @abstractmethod
+    async def download(self, sandbox_id: str, path: str) -> bytes: ...
+
+    @abstractmethod
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]: ...
+
+    @abstractmethod
+    async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult: ...
+
+    async def aclose(self) -> None:
+        pass
+
+
+def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -> JobResult:
+    now = time.time()
+    return JobResult(
+        job_id=uuid.uuid4().hex,
+        sandbox_id=sandbox_id,
+        command=req.command,
+        status="succeeded" if result.exit_code == 0 else "failed",
+        stdout=result.stdout,
+        stderr=result.stderr,
+        exit_code=result.exit_code,
+        created_at=started,
+        started_at=started,
+        completed_at=now,
+        error="timed out" if result.timed_out else None,
+        duration=result.duration,
+        timed_out=result.timed_out,
+        truncated=result.truncated,
+    )
+
+
+class InProcessControl(SandboxControl):
+    """Drives a backend in this process; exec goes straight to the agent."""
+
+    def __init__(self, backend, retry: RetryPolicy | None = None):
+        self.backend = backend
+        self.retry = retry or RetryPolicy()
+        self._records: dict[str, SandboxRecord] = {}
+        self._agents: dict[str, AgentClient] = {}
+
+    async def _record(self, sandbox_id: str) -> SandboxRecord:
+        record = self._records.get(sandbox_id)
+        if record is None:
+            record = await self.backend.get(sandbox_id)  # created by another process: adopt it
+            if record is None:
+                raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+            self._records[sandbox_id] = record
+        return record
+
+    async def _agent(self, sandbox_id: str) -> AgentClient:
+        agent = self._agents.get(sandbox_id)
+        if agent is None:
+            record = await self._record(sandbox_id)
+            if record.status == "failed":
+                raise SandboxFailed(f"sandbox {sandbox_id} has failed: {record.error}")
+            agent = self._agents[sandbox_id] = AgentClient(record.endpoint, self.retry)
+        return agent
+
+    async def create(self, spec: SandboxSpec, wait_ready: bool, timeout: float) -> SandboxRecord:
+        record = await self.backend.create(spec)
+        self._records[record.sandbox_id] = record
+        if wait_ready:
+            try:
+                record = await self.backend.wait_ready(record, spec.timeout or timeout)
+            except BaseException:
+                await self.delete(record.sandbox_id)
+                raise
+        return record
+
+    async def get(self, sandbox_id: str) -> SandboxRecord:
+        current = await self.backend.get(sandbox_id)
+        if current is None:
+            self._records.pop(sandbox_id, None)
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        return current
+
+    async def list(self) -> list[SandboxRecord]:
+        return await self.backend.list()
+
+    async def wait_ready(self, sandbox_id: str, timeout: float) -> SandboxRecord:
+        return await self.backend.wait_ready(await self._record(sandbox_id), timeout)
+
+    async def delete(self, sandbox_id: str) -> None:
+        self._records.pop(sandbox_id, None)
+        agent = self._agents.pop(sandbox_id, None)
+        if agent is not None:
+            await agent.aclose()
+        if not await self.backend.delete(sandbox_id):
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+
+    async def heartbeat(self, sandbox_id: str) -> None:
+        record = await self._record(sandbox_id)
+        record.last_heartbeat = time.time()
+
+    async def _call(self, sandbox_id: str, method: str, *args):
+        """Call the agent; when it cannot be reached, say whether the sandbox died."""
+        agent = await self._agent(sandbox_id)
+        try:
+            return await getattr(agent, method)(*args)
+        except AgentUnavailable as e:
+            await self._raise_if_dead(sandbox_id, e)
+            raise
+
+    async def _raise_if_dead(self, sandbox_id: str, cause: Exception) -> None:
+        current = await self.backend.get(sandbox_id)
+        if current is None or current.status == "failed":
+            self._records.pop(sandbox_id, None)
+            agent = self._agents.pop(sandbox_id, None)
+            if agent is not None:
+                await agent.aclose()
+            reason = current.error if current else "it no longer exists"
+            raise SandboxFailed(f"sandbox {sandbox_id} is dead: {reason}") from cause
+
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> JobResult:
+        started = time.time()
+        return job_from_result(sandbox_id, req, await self._call(sandbox_id, "exec", req), started)
+
+    async def exec_stream(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
+        agent = await self._agent(sandbox_id)
+        try:
+            async for event in agent.exec_stream(req):
+                yield event
+        except AgentUnavailable as e:
+            await self._raise_if_dead(sandbox_id, e)
+            raise
+
+    async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict:
+        return await self._call(sandbox_id, "upload", path, data, mode)
+
+    async def download(self, sandbox_id: str, path: str) -> bytes:
+        return await self._call(sandbox_id, "download", path)
+
+    async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
+        return await self._call(sandbox_id, "list_files", path)
+
+    async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult:
+        return await self._call(sandbox_id, "apply_patch", patch, cwd, timeout)
+
+    async def aclose(self) -> None:
+        agents, self._agents = list(self._agents.values()), {}
+        await asyncio.gather(*(a.aclose() for a in agents), return_exceptions=True)
+        await self.backend.aclose()

@@ -1,0 +1,275 @@
+"""The SDK's behaviour, the same on every backend (see `conformance_params` in conftest).
+
+Commands here use only what a busybox image has, so the suite runs unchanged against
+images without Python or bash.
+"""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from conftest import marked_pids, wait_until
+from orchard_gym import (
+    AgentUnavailable,
+    AsyncSandboxClient,
+    AuthenticationError,
+    InvalidRequest,
+    SandboxFailed,
+    SandboxNotFound,
+)
+
+LIVE_CMDLINES = (
+    "for p in /proc/[0-9]*; do "
+    "s=$(cut -d' ' -f3 $p/stat 2>/dev/null); [ \"$s\" = Z ] && continue; "
+    "tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+)
+
+
+def test_exec_exit_codes_env_cwd_stdin(sandbox):
+    r = sandbox.exec("echo out; echo err >&2; exit 3")
+    assert (r.exit_code, r.stdout, r.stderr, r.status) == (3, "out\n", "err\n", "failed")
+    assert r.failed and r.is_complete and not r.succeeded and r.job_id
+    ok = sandbox.exec(["echo", "a b"])
+    assert ok.succeeded and ok.stdout == "a b\n" and ok.exit_code == 0
+    assert sandbox.exec("echo $GREETING", env={"GREETING": "hej"}).stdout == "hej\n"
+    assert sandbox.exec("pwd", cwd="/").stdout == "/\n"
+    sandbox.exec("mkdir -p sub")
+    assert sandbox.exec("pwd", cwd="sub").stdout.strip().endswith("/sub")
+    assert sandbox.exec("cat", stdin="piped\n").stdout == "piped\n"
+
+
+def test_non_utf8_output(sandbox):
+    r = sandbox.exec("printf '\\377abc\\200'")
+    assert r.exit_code == 0 and r.stdout == "\ufffdabc\ufffd"
+
+
+def test_timeout_kills_whole_tree(sandbox):
+    started = time.monotonic()
+    r = sandbox.exec("setsid sh -c 'sleep 311' & (sh -c 'sleep 312 &' &); sleep 313", timeout=1)
+    assert r.timed_out and r.exit_code == -9 and not r.succeeded
+    assert time.monotonic() - started < 2.5
+    still = lambda: [line for line in sandbox.exec(LIVE_CMDLINES).stdout.splitlines() if "sleep 31" in line]
+    assert wait_until(lambda: not still(), 3), still()
+
+
+def test_files_round_trip(sandbox, tmp_path):
+    blob = bytes(range(256)) * 257
+    assert sandbox.upload_content(blob, "data/blob.bin")["size"] == len(blob)
+    assert sandbox.download_content("data/blob.bin") == blob
+    src = tmp_path / "script.sh"
+    src.write_text("#!/bin/sh\necho from-script\n")
+    src.chmod(0o755)
+    sandbox.upload_file(src, "data/script.sh")
+    assert sandbox.exec("./data/script.sh").stdout == "from-script\n"  # mode travelled too
+    out = sandbox.download_file("data/script.sh", tmp_path / "back.sh")
+    assert out.read_text() == src.read_text()
+    names = {(f.name, f.type) for f in sandbox.list_files("data")}
+    assert names == {("blob.bin", "file"), ("script.sh", "file")}
+    assert sandbox.exec("cat data/blob.bin | wc -c").stdout.strip() == str(len(blob))
+    with pytest.raises(FileNotFoundError):
+        sandbox.download_content("data/missing")
+
+
+def test_apply_patch(sandbox):
+    sandbox.upload_content("one\ntwo\nthree\n", "proj/f.txt")
+    patch = "--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
+    cwd = sandbox.exec("pwd").stdout.strip() + "/proj"
+    r = sandbox.apply_patch(patch, cwd=cwd)
+    assert r.success, r
+    assert sandbox.download_content("proj/f.txt") == b"one\nTWO\nthree\n"
+    again = sandbox.apply_patch(patch, cwd=cwd)
+    assert not again.success and again.exit_code != 0
+
+
+def test_streaming_exec(sandbox):
+    events = list(sandbox.exec_stream("for i in 1 2 3; do echo $i; done; echo e >&2; exit 4"))
+    out = "".join(e.data for e in events if e.type == "stdout")
+    assert out == "1\n2\n3\n"
+    assert [e.data for e in events if e.type == "stderr"] == ["e\n"]
+    assert events[-1].type == "exit" and events[-1].exit_code == 4
+
+
+def test_agent_refuses_wrong_token(sandbox, client):
+    from orchard_gym._loop import LoopThread
+    from orchard_gym.agent_client import AgentClient
+
+    endpoint = sandbox.record.endpoint.model_copy(update={"token": "wrong"})
+
+    async def call():
+        agent = AgentClient(endpoint)
+        try:
+            await agent.list_files(".")
+        finally:
+            await agent.aclose()
+
+    with pytest.raises(AuthenticationError):
+        LoopThread.shared().run(call())
+
+
+class _HostServer:
+    """An HTTP server on this machine that a sandbox with network can reach."""
+
+    def __init__(self):
+        handler = type("H", (http.server.BaseHTTPRequestHandler,), {
+            "do_GET": lambda self: (self.send_response(200), self.end_headers(), self.wfile.write(b"reached")),
+            "log_message": lambda *a: None,
+        })
+        self.server = http.server.ThreadingHTTPServer(("0.0.0.0", 0), handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+
+
+def _fetch(address: str, port: int) -> str:
+    url = f"http://{address}:{port}/"
+    return (f"if command -v wget >/dev/null; then wget -q -T 3 -O - {url}; "
+            f"elif command -v curl >/dev/null; then curl -s -m 3 {url}; "
+            f"else python3 -c 'import urllib.request as u; print(u.urlopen(\"{url}\", timeout=3).read().decode())'; fi")
+
+
+def test_network_blocked_by_default_and_opened_on_request(client, backend_case):
+    server = _HostServer()
+    try:
+        fetch = _fetch(backend_case["host_address"], server.port)
+        with client.create_sandbox(image=backend_case["image"], block_network=False) as open_box:
+            assert "reached" in open_box.exec(fetch, timeout=20).stdout
+        if backend_case.get("no_netns"):
+            pytest.skip("this backend variant has no network namespace to block with")
+        with client.create_sandbox(image=backend_case["image"]) as box:
+            r = box.exec(fetch, timeout=20)
+            assert "reached" not in r.stdout and r.exit_code != 0
+            interfaces = box.exec("cat /proc/net/dev").stdout
+            assert "lo:" in interfaces
+    finally:
+        server.close()
+
+
+def test_memory_limit(client, backend_case):
+    # a shell variable of ~200 MB needs more than the 64 MB we allow
+    grow = "x=$(head -c 200000000 /dev/zero | tr '\\0' a); echo ${#x}"
+    with client.create_sandbox(image=backend_case["image"], memory="64m") as small:
+        assert small.exec(grow, timeout=60).exit_code != 0
+    with client.create_sandbox(image=backend_case["image"]) as big:
+        r = big.exec(grow, timeout=60)
+        assert r.exit_code == 0 and r.stdout.strip() == "200000000"
+
+
+def test_delete_leaves_no_process(client, backend_case):
+    box = client.create_sandbox(image=backend_case["image"])
+    box.exec("sleep 321 >/dev/null 2>&1 &")
+    marker = f"ORCHARD_SANDBOX={box.sandbox_id}"
+    assert marked_pids(marker), "the sandbox's processes carry its marker"
+    box.delete()
+    assert wait_until(lambda: not marked_pids(marker), 5)
+    with pytest.raises(SandboxNotFound):
+        client.get_sandbox(box.sandbox_id)
+    with pytest.raises(SandboxNotFound):
+        client.delete_sandbox(box.sandbox_id)
+    assert box.sandbox_id not in {r.sandbox_id for r in client.list_sandboxes()}
+
+
+def test_get_list_and_cleanup_all(client, backend_case):
+    a = client.create_sandbox(image=backend_case["image"], sandbox_id="conf-a", labels={"k": "v"})
+    client.create_sandbox(image=backend_case["image"])
+    same = client.get_sandbox("conf-a")
+    assert same.sandbox_id == "conf-a" and same.exec("echo hi").stdout == "hi\n"
+    assert {"conf-a"} <= {r.sandbox_id for r in client.list_sandboxes()}
+    assert a.record.labels == {"k": "v"} and a.status == "running"
+    with pytest.raises(InvalidRequest):
+        client.create_sandbox(image=backend_case["image"], sandbox_id="conf-a")  # taken
+    assert client.cleanup_all() == 2
+    assert not [r for r in client.list_sandboxes() if r.status != "deleted"]
+
+
+def test_dead_sandbox_gives_typed_error(sandbox, client):
+    with pytest.raises((AgentUnavailable, SandboxFailed)):
+        sandbox.exec("kill -9 $PPID", timeout=5)  # the agent dies under its own request
+    with pytest.raises((AgentUnavailable, SandboxFailed)):
+        sandbox.exec("echo still?", timeout=5)
+    assert wait_until(lambda: sandbox.refresh().status == "failed", 5)
+
+
+def test_heartbeat_beats_until_stopped(sandbox, client):
+    control = client._async._control
+    beats = []
+    real = control.heartbeat
+
+    async def counting(sandbox_id):
+        beats.append(sandbox_id)
+        await real(sandbox_id)
+
+    control.heartbeat = counting
+    sandbox.start_heartbeat(interval=0.05)
+    assert wait_until(lambda: len(beats) >= 3, 3)
+    sandbox.stop_heartbeat()
+    count = len(beats)
+    time.sleep(0.2)
+    assert len(beats) == count and set(beats) == {sandbox.sandbox_id}
+    with pytest.raises(InvalidRequest):
+        sandbox.start_heartbeat(interval=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"command": ""},
+        {"command": []},
+        {"command": None},
+        {"command": 42},
+        {"command": "true", "timeout": -1},
+        {"command": "true", "timeout": "soon"},
+        {"command": "true", "env": {"A": 1}},
+        {"command": "true", "cwd": 7},
+    ],
+)
+def test_garbage_exec_arguments_are_refused(sandbox, kwargs):
+    with pytest.raises(InvalidRequest):
+        sandbox.exec(**kwargs)
+    assert sandbox.exec("echo fine").stdout == "fine\n"
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"sandbox_id": "Not_A_Label"},
+        {"sandbox_id": "x" * 64},
+        {"memory": "lots"},
+        {"memory": -5},
+        {"cpu": 0},
+        {"cpu": "two"},
+        {"timeout": -3},
+    ],
+)
+def test_garbage_create_arguments_are_refused(client, backend_case, kwargs):
+    with pytest.raises(InvalidRequest):
+        client.create_sandbox(image=backend_case["image"], **kwargs)
+
+
+def test_garbage_file_arguments_are_refused(sandbox):
+    with pytest.raises(InvalidRequest):
+        sandbox.upload_content(12345, "x")
+    with pytest.raises(InvalidRequest):
+        sandbox.upload_content(b"x", "a\0b")
+    with pytest.raises(InvalidRequest):
+        sandbox.apply_patch(None)
+    assert sandbox.exec("echo fine").stdout == "fine\n"
+
+
+async def test_async_client_runs_many_sandboxes_concurrently(backend_case):
+    import asyncio
+
+    async with AsyncSandboxClient(backend_case["config"]) as client:
+        boxes = await asyncio.gather(*(client.create_sandbox(image=backend_case["image"]) for _ in range(4)))
+        results = await asyncio.gather(*(b.exec(f"echo {i}") for i, b in enumerate(boxes)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(4)]
+        async with boxes[0] as first:
+            assert (await first.exec("true")).succeeded
+        with pytest.raises(SandboxNotFound):
+            await client.get_sandbox(boxes[0].sandbox_id)
+        assert await client.cleanup_all() == 3

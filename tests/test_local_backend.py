@@ -1,0 +1,153 @@
+"""What only the local backend does: namespaces, crash cleanup, sweeping, adoption."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+import pytest
+
+from conftest import HAS_BWRAP, REPO, marked_pids, wait_until
+from orchard_gym import InvalidRequest, SandboxClient
+
+needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed")
+ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
+
+
+@needs_bwrap
+def test_bwrap_sandbox_sees_a_read_only_system_and_private_tmp(local_root, tmp_path):
+    secret = tmp_path / "host-file"
+    secret.write_text("host")
+    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "bwrap"}) as client:
+        box = client.create_sandbox()
+        other = client.create_sandbox()
+        assert box.exec("touch /usr/orchard-test").exit_code != 0
+        box.exec(f"touch {local_root}/intruder")  # lands in the sandbox's private tmpfs, if anywhere
+        assert not (local_root / "intruder").exists()
+        assert box.exec("touch here && echo ok > /tmp/t && cat /tmp/t").stdout == "ok\n"
+        assert not os.path.exists("/tmp/t") or open("/tmp/t").read() != "ok\n"
+        assert box.exec(f"cat {secret}").exit_code != 0  # the host's /tmp is not the sandbox's
+        assert box.exec(f"ls {other.workdir}").exit_code != 0  # nor are other sandboxes
+        assert box.exec(f"cat {local_root}/{box.sandbox_id}/meta.json").exit_code != 0  # nor its token
+        assert box.exec("grep CapEff /proc/self/status").stdout.split()[1] == "0000000000000000"
+        assert box.exec("echo $$").stdout.strip() != str(os.getpid())
+        assert box.exec("hostname").stdout.strip() == box.sandbox_id
+        assert (local_root / box.sandbox_id / "work" / "here").exists()
+
+
+def test_cpu_limit_pins_cores(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+        box = client.create_sandbox(cpu=1)
+        assert box.exec("nproc").stdout.strip() == "1"
+
+
+def test_images_are_refused_with_a_clear_error(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+        with pytest.raises(InvalidRequest, match="docker backend"):
+            client.create_sandbox(image="python:3.11")
+        assert client.create_sandbox(image="host").exec("true").succeeded
+
+
+def test_missing_bwrap_falls_back_with_one_warning(local_root, monkeypatch):
+    from orchard_gym.backends import local
+
+    monkeypatch.setattr(local.shutil, "which", lambda name: None)
+    monkeypatch.setattr(local, "_warned_no_bwrap", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = local.LocalBackend(local.LocalBackendConfig(root=local_root))
+        local.LocalBackend(local.LocalBackendConfig(root=local_root))
+    assert first.bwrap is None
+    assert [str(w.message) for w in caught if w.category is RuntimeWarning and "bubblewrap" in str(w.message)] \
+        and len([w for w in caught if "bubblewrap" in str(w.message)]) == 1
+    with pytest.raises(Exception, match="bubblewrap is not installed"):
+        local.LocalBackend(local.LocalBackendConfig(root=local_root, isolation="bwrap"))
+
+
+def _spawn_client(root, isolation: str, body: str) -> subprocess.Popen:
+    script = textwrap.dedent(f"""
+        import json, sys, time
+        from orchard_gym import SandboxClient
+        client = SandboxClient({{"type": "local", "root": {str(root)!r}, "isolation": {isolation!r}}})
+    """) + textwrap.dedent(body)
+    return subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=REPO)
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_sigkilled_client_leaves_no_process_and_its_folders_are_swept(local_root, isolation):
+    proc = _spawn_client(local_root, isolation, """
+        ids = []
+        for _ in range(2):
+            box = client.create_sandbox()
+            box.exec("setsid sleep 331 >/dev/null 2>&1 &")
+            ids.append(box.sandbox_id)
+        print(json.dumps(ids), flush=True)
+        time.sleep(60)
+    """)
+    ids = json.loads(proc.stdout.readline())
+    markers = [f"ORCHARD_SANDBOX={i}" for i in ids]
+    assert all(marked_pids(m) for m in markers)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert wait_until(lambda: not any(marked_pids(m) for m in markers), 5), "processes survived the client"
+    assert all((local_root / i).exists() for i in ids)  # nobody cleaned up yet...
+    from orchard_gym.backends.local import LocalBackend, LocalBackendConfig
+
+    swept = LocalBackend(LocalBackendConfig(root=local_root)).swept  # ...until the next start
+    assert sorted(swept) == sorted(ids)
+    assert not any((local_root / i).exists() for i in ids)
+
+
+def test_orchard_sandbox_gc_sweeps_dead_clients(local_root):
+    proc = _spawn_client(local_root, "auto", """
+        print(client.create_sandbox().sandbox_id, flush=True)
+        time.sleep(60)
+    """)
+    sandbox_id = proc.stdout.readline().strip()
+    proc.kill()
+    proc.wait()
+    out = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "sandbox", "gc", "--root", str(local_root)],
+                         capture_output=True, text=True, check=True).stdout
+    assert sandbox_id in out and not (local_root / sandbox_id).exists()
+
+
+@pytest.mark.parametrize("how", ["exit", "sigterm", "exception"])
+def test_client_cleans_up_at_exit(local_root, how):
+    ending = {
+        "exit": "",
+        "sigterm": "import os, signal; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)",
+        "exception": "raise RuntimeError('boom')",
+    }[how]
+    proc = _spawn_client(local_root, "auto", f"""
+        box = client.create_sandbox()
+        print(box.sandbox_id, flush=True)
+        {ending}
+    """)
+    sandbox_id = proc.stdout.readline().strip()
+    proc.wait(30)
+    assert not (local_root / sandbox_id).exists()
+    assert not marked_pids(f"ORCHARD_SANDBOX={sandbox_id}")
+
+
+def test_sandbox_outlives_client_when_asked_and_is_adopted(local_root):
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        from orchard_gym import SandboxClient
+        client = SandboxClient({{"type": "local", "root": {str(local_root)!r}, "die_with_client": False}},
+                               cleanup_at_exit=False)
+        box = client.create_sandbox(sandbox_id="keeper")
+        box.exec("echo kept > note")
+    """)], cwd=REPO, check=True, timeout=60)
+    assert proc.returncode == 0
+    time.sleep(0.7)  # longer than the agent's parent watch
+    config = {"type": "local", "root": str(local_root), "die_with_client": False}
+    with SandboxClient(config) as client:
+        box = client.get_sandbox("keeper")
+        assert box.exec("cat note").stdout == "kept\n"
+        box.delete()
+    assert not (local_root / "keeper").exists()
