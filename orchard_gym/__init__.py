@@ -23,6 +23,10 @@ from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, 
 
 __version__ = "0.1.0"
 
+from .registration import register_envs as _register_envs  # noqa: E402
+
+_register_envs()
+
 __all__ = [
     "AgentUnavailable", "AsyncSandboxClient", "AsyncSandboxInstance", "AuthenticationError", "BackendError",
     "ExecEvent", "FileInfo", "ImageNotFound", "InvalidRequest", "JobNotFound", "JobResult", "OrchardError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -30,6 +31,11 @@ class LoopThread:
         self.loop.run_forever()
 
     @classmethod
+    def _forget(cls) -> None:
+        cls._shared = None  # a forked child has the object but not the thread
+        cls._lock = threading.Lock()
+
+    @classmethod
     def shared(cls) -> LoopThread:
         with cls._lock:
             if cls._shared is None:
@@ -45,6 +51,9 @@ class LoopThread:
         except BaseException:
             future.cancel()  # e.g. Ctrl-C in the caller: stop the work too
             raise
+
+
+os.register_at_fork(after_in_child=LoopThread._forget)
 
 
 async def run_in_thread(fn, *args):

@@ -128,5 +128,94 @@ def demo(backend) -> None:
         click.echo(f"\ndeleted {box.sandbox_id}")
 
 
+def _backend_kwargs(backend: str, api_key: str | None) -> dict:
+    """--backend local|docker|kubernetes|URL -> env/client kwargs."""
+    if backend.startswith(("http://", "https://")):
+        return {"base_url": backend, "api_key": api_key}
+    return {"backend": {"type": backend}}
+
+
+@main.command("eval")
+@click.option("--env", "env_id", default="Orchard/SWE-v0", show_default=True, help="registered env id")
+@click.option("--tasks", default="builtin", show_default=True, help="'builtin', a JSON/JSONL file or a folder")
+@click.option("--policy", default="oracle", show_default=True, help="oracle | openai:URL#MODEL")
+@click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
+@click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
+@click.option("--model-api-key", envvar="OPENAI_API_KEY", help="API key of the model endpoint")
+@click.option("-n", "episodes", type=click.IntRange(min=1), default=None, help="episodes (default: each task once)")
+@click.option("--concurrency", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--max-steps", type=click.IntRange(min=1), default=30, show_default=True)
+@click.option("--task-id", "task_filter", multiple=True, help="only these task ids (repeatable)")
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="trajectories JSONL (default runs/eval-TIME.jsonl)")
+def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, concurrency, max_steps, task_filter,
+             out) -> None:
+    """Run episodes of an env with a policy; write trajectories and print a summary.
+
+    Example: orchard eval --policy oracle -n 10 --concurrency 4
+    """
+    import asyncio
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    from .client import AsyncSandboxClient
+    from .envs.rollout import run_episodes
+    from .policies import OpenAIPolicy, OraclePolicy
+
+    if policy == "oracle":
+        agent = OraclePolicy()
+    elif policy.startswith("openai:"):
+        agent = OpenAIPolicy(policy[len("openai:"):], api_key=model_api_key)
+    else:
+        raise click.BadParameter("use oracle or openai:URL#MODEL", param_hint="--policy")
+    try:
+        spec = gym.spec(env_id)
+    except gym.error.Error as e:
+        raise click.BadParameter(str(e), param_hint="--env") from None
+    probe = spec.make(tasks=tasks, backend={"type": "local"}).unwrapped
+    ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
+    if task_filter and len(ids) != len(set(task_filter)):
+        raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
+    episodes = episodes or len(ids)
+    schedule = [ids[i % len(ids)] for i in range(episodes)]
+    out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+
+    async def run():
+        client = AsyncSandboxClient(**_backend_kwargs(backend, api_key))
+        with out_path.open("w") as sink:
+            def write(trajectory):
+                sink.write(trajectory.model_dump_json() + "\n")
+                sink.flush()
+
+            def make_env(c):
+                return spec.make(tasks=probe._tasks, client=c, max_steps=max_steps).unwrapped
+
+            try:
+                return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,
+                                          on_done=write)
+            finally:
+                await client.aclose()
+                if hasattr(agent, "aclose"):
+                    await agent.aclose()
+
+    results = asyncio.run(run())
+    wall = time.monotonic() - started
+    ok = [t for t in results if t.ok]
+    resolved = sum(1 for t in ok if t.reward > 0)
+    click.echo(f"\n{env_id} · policy {policy} · backend {backend} · {len(results)} episodes in {wall:.1f}s")
+    click.echo(f"resolved {resolved}/{len(results)} ({resolved / len(results):.1%}); "
+               f"infrastructure errors {len(results) - len(ok)}")
+    if results:
+        steps = sum(t.steps for t in results) / len(results)
+        secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
+        click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
+    for t in results:
+        mark = "ERROR " + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
+        click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
+    click.echo(f"trajectories: {out_path}")
+
+
 if __name__ == "__main__":
     main()

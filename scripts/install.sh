@@ -29,4 +29,7 @@ spec="."
 [[ -n $extras ]] && spec=".[$extras]"
 echo "[install] pip install -e '$spec' into .venv"
 .venv/bin/python -m pip install -q -e "$spec"
+# SWE-bench's grading, without the harness's docker/modal/datasets dependencies
+# (envs/swe/grading.py imports only the pure modules it needs)
+.venv/bin/python -m pip install -q --no-deps "swebench==5.0.2"
 echo "[install] done: .venv/bin/orchard --help"

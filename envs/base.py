@@ -1,0 +1,236 @@
+"""The env core shared by every domain: a Gymnasium Env over a sandbox.
+
+`reset` provisions a sandbox through any backend (a backend config, an orchestrator
+URL, or a shared client), runs the task's setup there and returns the task text;
+`step` parses the action into a tool call, runs it, and returns the tool's output.
+Episodes end on submit (`terminated`) or on a step or wall-clock budget (`truncated`).
+
+The async methods (`areset`, `astep`, `aclose`) are the real ones; `reset`/`step`/
+`close` run them on a background event loop. Use one style per env instance.
+
+Malformed actions never raise: the observation says what was wrong and the sandbox
+lives on. A sandbox that dies ends the episode as truncated with `info["error"]`, and
+its trajectory is marked so trainers drop it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import abstractmethod
+from typing import Any, ClassVar
+
+import gymnasium as gym
+
+from orchard_gym._loop import LoopThread
+from orchard_gym.client import AsyncSandboxClient, AsyncSandboxInstance
+from orchard_gym.errors import AgentUnavailable, OrchardError, SandboxFailed, SandboxTimeout
+from orchard_gym.trajectory import Trajectory, Turn
+
+from .actions import ActionError, parse_action
+from .spaces import AgentAction, UnicodeText
+from .tools import Tool, ToolContext, ToolError
+
+INFRA_ERRORS = (SandboxFailed, AgentUnavailable, SandboxTimeout)
+
+
+class SandboxEnv(gym.Env):
+    """Base class: subclasses name their tools, load tasks, set up and grade."""
+
+    metadata: ClassVar[dict] = {"render_modes": ["ansi"]}
+    env_id: ClassVar[str] = "Orchard/Sandbox-v0"
+
+    def __init__(self, *, backend: Any = None, base_url: str | None = None, api_key: str | None = None,
+                 client: AsyncSandboxClient | None = None, max_steps: int = 50, max_seconds: float | None = None,
+                 exec_timeout: float = 180.0, render_mode: str | None = None,
+                 observation_max_length: int = 100_000):
+        if render_mode not in (None, "ansi"):
+            raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
+        if max_steps < 1:
+            raise gym.error.Error("max_steps must be at least 1")
+        self.render_mode = render_mode
+        self.max_steps, self.max_seconds, self.exec_timeout = max_steps, max_seconds, exec_timeout
+        self.observation_space = UnicodeText(observation_max_length)
+        self.action_space = AgentAction(1_000_000)
+        self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key}
+        self._client, self._owns_client = client, client is None
+        self.tools: dict[str, Tool] = {t.name: t for t in self.make_tools()}
+        self.sandbox: AsyncSandboxInstance | None = None
+        self.task: Any = None
+        self.trajectory: Trajectory | None = None
+        self._ctx: ToolContext | None = None
+        self._started = 0.0
+        self._done = False
+        self._last_obs = ""
+
+    # ------------------------------------------------------------------ subclass hooks
+    @abstractmethod
+    def make_tools(self) -> list[Tool]: ...
+
+    @abstractmethod
+    def task_ids(self) -> list[str]: ...
+
+    @abstractmethod
+    def get_task(self, task_id: str) -> Any: ...
+
+    @abstractmethod
+    async def setup(self, sandbox: AsyncSandboxInstance, task: Any) -> ToolContext:
+        """Prepare the sandbox for `task`; return the context tools run in."""
+
+    @abstractmethod
+    def first_observation(self, task: Any) -> str: ...
+
+    @abstractmethod
+    async def grade(self, ctx: ToolContext, task: Any) -> tuple[float, dict]:
+        """Score the episode's end state: (reward, report)."""
+
+    def image_for(self, task: Any) -> str | None:
+        return getattr(task, "image", None)
+
+    async def fingerprint(self, ctx: ToolContext) -> str | None:
+        """A cheap hash of the working tree after a step (None when not tracked)."""
+        return None
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def tool_schemas(self) -> list[dict]:
+        return [t.schema() for t in self.tools.values()]
+
+    async def _get_client(self) -> AsyncSandboxClient:
+        if self._client is None:
+            self._client = AsyncSandboxClient(**self._client_args)
+        return self._client
+
+    def _choose_task(self, options: dict | None) -> str:
+        ids = self.task_ids()
+        if options and options.get("task_id") is not None:
+            task_id = options["task_id"]
+            if task_id not in ids:
+                raise gym.error.Error(f"unknown task_id {task_id!r}; this env has {len(ids)} tasks, e.g. {ids[:3]}")
+            return task_id
+        if not ids:
+            raise gym.error.Error("this env has no tasks")
+        return ids[int(self.np_random.integers(0, len(ids)))]
+
+    def _info(self, **extra) -> dict:
+        # step infos hold only what the same seed and actions reproduce (check_env asserts it);
+        # timings and ids live in `self.trajectory`
+        info = {"task_id": getattr(self.trajectory, "task_id", None),
+                "step": len(self.trajectory.turns) if self.trajectory else 0}
+        info.update(extra)
+        return info
+
+    def _out_of_budget(self) -> str | None:
+        if len(self.trajectory.turns) >= self.max_steps:
+            return f"step budget of {self.max_steps} used up"
+        if self.max_seconds is not None and time.monotonic() - self._started >= self.max_seconds:
+            return f"wall-clock budget of {self.max_seconds:.0f}s used up"
+        return None
+
+    # ------------------------------------------------------------------ async API
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        await self._release_sandbox()
+        task_id = self._choose_task(options)
+        self.task = self.get_task(task_id)
+        client = await self._get_client()
+        self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id)
+        self._started, self._done = time.monotonic(), False
+        self.sandbox = await client.create_sandbox(image=self.image_for(self.task))
+        self.trajectory.sandbox_id = self.sandbox.sandbox_id
+        try:
+            self._ctx = await self.setup(self.sandbox, self.task)
+        except BaseException:
+            await self._release_sandbox()
+            raise
+        self._last_obs = self.first_observation(self.task)
+        return self._last_obs, self._info(tools=self.tool_schemas, sandbox_id=self.sandbox.sandbox_id)
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if self.trajectory is None or self._ctx is None:
+            raise gym.error.ResetNeeded("call reset() before step()")
+        if self._done:
+            raise gym.error.ResetNeeded("the episode is over; call reset()")
+        turn = Turn(index=len(self.trajectory.turns), action=action)
+        terminated = truncated = False
+        reward, extra = 0.0, {}
+        try:
+            call = parse_action(action, list(self.tools))
+            tool = self.tools[call.name]
+            turn.tool, turn.arguments = call.name, call.arguments
+            result = await tool.run(self._ctx, tool.parse(call.arguments))
+            turn.observation, turn.command = result.output, result.command
+            turn.exit_code, turn.duration = result.exit_code, result.duration
+            terminated = result.submitted
+            if not terminated:
+                turn.fingerprint = await self.fingerprint(self._ctx)
+        except (ActionError, ToolError) as e:
+            turn.error = str(e)
+            turn.observation = f"Error: {e}"
+        except INFRA_ERRORS as e:
+            return self._fail(turn, e)
+        except OrchardError as e:  # the agent refused the request: tell the policy, carry on
+            turn.error = str(e)
+            turn.observation = f"Error: {e}"
+        self.trajectory.turns.append(turn)
+        if not terminated:
+            reason = self._out_of_budget()
+            truncated = reason is not None
+            if truncated:
+                extra["truncation"] = reason
+        if terminated or truncated:
+            try:
+                reward, report = await self.grade(self._ctx, self.task)
+            except INFRA_ERRORS as e:
+                return self._fail(turn, e, appended=True)
+            self._finish(reward, report, terminated, truncated)
+            extra.update(report=report)
+        self._last_obs = turn.observation
+        info = self._info(exit_code=turn.exit_code, fingerprint=turn.fingerprint, action_error=turn.error, **extra)
+        return turn.observation, reward, terminated, truncated, info
+
+    def _fail(self, turn: Turn, error: Exception, appended: bool = False):
+        message = f"{type(error).__name__}: {error}"
+        turn.error = message
+        turn.observation = turn.observation or f"The sandbox failed: {message}"
+        if not appended:
+            self.trajectory.turns.append(turn)
+        self.trajectory.error = message
+        self._finish(0.0, {}, terminated=False, truncated=True)
+        self._last_obs = turn.observation
+        return turn.observation, 0.0, False, True, self._info(error=message)
+
+    def _finish(self, reward: float, report: dict, terminated: bool, truncated: bool) -> None:
+        self._done = True
+        self.trajectory.reward, self.trajectory.report = reward, report
+        self.trajectory.terminated, self.trajectory.truncated = terminated, truncated
+        self.trajectory.ended_at = time.time()
+
+    async def _release_sandbox(self) -> None:
+        sandbox, self.sandbox, self._ctx = self.sandbox, None, None
+        if sandbox is not None:
+            try:
+                await sandbox.delete()
+            except OrchardError:
+                pass  # already gone
+
+    async def aclose(self) -> None:
+        await self._release_sandbox()
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    # ------------------------------------------------------------------ sync API
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        return LoopThread.shared().run(self.areset(seed=seed, options=options))
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        return LoopThread.shared().run(self.astep(action))
+
+    def close(self) -> None:
+        if self.sandbox is not None or self._client is not None:
+            LoopThread.shared().run(self.aclose())
+
+    def render(self) -> str | None:
+        if self.render_mode == "ansi":
+            return self._last_obs
+        return None

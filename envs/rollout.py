@@ -1,0 +1,114 @@
+"""Run many episodes concurrently from one process, with an async policy.
+
+    async def policy(messages, tools):          # OpenAI-style chat messages and tool schemas
+        return {"name": "submit", "arguments": {}}
+
+    trajectories = await run_episodes(lambda client: SWEEnv(client=client), policy,
+                                      task_ids, concurrency=16)
+
+The policy sees the conversation so far; its action (text or a tool-call dict) is
+appended as the assistant's turn and the env's observation as the reply, so a chat
+model can be plugged in directly. Every env shares one sandbox client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from orchard_gym.client import AsyncSandboxClient
+from orchard_gym.trajectory import Trajectory
+
+from .base import SandboxEnv
+
+Policy = Callable[[list[dict], list[dict]], Awaitable[Any]]
+SYSTEM_PROMPT = ("You are an autonomous agent working in a sandbox. Act with the tools you are given, one call "
+                 "per turn, and call submit when you are done.")
+
+
+def assistant_message(action: Any) -> dict:
+    """The chat message that stands for an action."""
+    if isinstance(action, dict):
+        fn = action.get("function", action)
+        args = fn.get("arguments", {})
+        return {"role": "assistant", "content": None, "tool_calls": [{
+            "id": action.get("id") or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+            "function": {"name": fn.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args)},
+        }]}
+    return {"role": "assistant", "content": action if isinstance(action, str) else repr(action)}
+
+
+def observation_message(assistant: dict, observation: str) -> dict:
+    calls = assistant.get("tool_calls")
+    if calls:
+        return {"role": "tool", "tool_call_id": calls[0]["id"], "content": observation}
+    return {"role": "user", "content": observation}
+
+
+async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = None, *, seed: int | None = None,
+                      record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT) -> Trajectory:
+    """One episode from reset to the end; infrastructure failures end up in `trajectory.error`."""
+    try:
+        obs, info = await env.areset(seed=seed, options={"task_id": task_id} if task_id else None)
+    except Exception as e:  # could not even start: a failed trajectory, never a crash of the batch
+        return Trajectory(env_id=env.env_id, task_id=task_id or "?", error=f"reset failed: {type(e).__name__}: {e}",
+                          ended_at=time.time())
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs}]
+    tools = info["tools"]
+    if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
+        policy = policy.bind(env)
+    done = False
+    while not done:
+        try:
+            action = await policy(messages, tools)
+        except Exception as e:
+            env.trajectory.error = f"policy failed: {type(e).__name__}: {e}"
+            env.trajectory.ended_at = time.time()
+            break
+        prompt = list(messages) if record_messages else None
+        obs, reward, terminated, truncated, info = await env.astep(action)
+        if prompt is not None:
+            env.trajectory.turns[-1].messages = prompt
+        assistant = assistant_message(action)
+        messages += [assistant, observation_message(assistant, obs)]
+        done = terminated or truncated
+    return env.trajectory
+
+
+async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], policy: Policy,
+                       task_ids: Sequence[str], *, concurrency: int = 8, client: AsyncSandboxClient | None = None,
+                       progress: bool = True, record_messages: bool = False,
+                       on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+    """Run one episode per task id (repeat ids for several samples), `concurrency` at a time.
+    Results come back in the order of `task_ids`."""
+    if concurrency < 1:
+        raise ValueError("concurrency must be at least 1")
+    own_client = client is None
+    client = client or AsyncSandboxClient()
+    gate = asyncio.Semaphore(concurrency)
+    bar = tqdm(total=len(task_ids), desc="episodes", disable=not progress, unit="ep")
+
+    async def one(task_id: str) -> Trajectory:
+        async with gate:
+            env = make_env(client)
+            try:
+                trajectory = await run_episode(env, policy, task_id, record_messages=record_messages)
+            finally:
+                await env.aclose()
+        bar.update(1)
+        if on_done is not None:
+            on_done(trajectory)
+        return trajectory
+
+    try:
+        return list(await asyncio.gather(*(one(t) for t in task_ids)))
+    finally:
+        bar.close()
+        if own_client:
+            await client.aclose()

@@ -1,0 +1,68 @@
+"""Policies for `orchard eval`: the oracle (gold patch) and any OpenAI-compatible model.
+
+A policy is `async (messages, tools) -> action`, the contract of `envs.rollout`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from .errors import InvalidRequest
+
+
+class OraclePolicy:
+    """Applies the task's gold patch, then submits: checks tasks and graders end to end.
+
+    It needs to know the episode's task, so the runner binds it to each env (`bind`)."""
+
+    def __init__(self, env=None):
+        self.env = env
+
+    def bind(self, env) -> OraclePolicy:
+        return OraclePolicy(env)
+
+    async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
+        if self.env is None:
+            raise InvalidRequest("the oracle policy must be bound to an env: policy.bind(env)")
+        if not any(m["role"] == "assistant" for m in messages):
+            patch = self.env.task.patch
+            delimiter = "ORCHARD_GOLD_PATCH_EOF"
+            return {"name": "bash", "arguments": {"command": f"git apply <<'{delimiter}'\n{patch}\n{delimiter}"}}
+        return {"name": "submit", "arguments": {}}
+
+
+class OpenAIPolicy:
+    """Chat completions with tools against any OpenAI-compatible endpoint (vLLM, ...).
+
+    `spec` is `URL#MODEL`, e.g. `http://localhost:8000/v1#Qwen/Qwen3-8B`. A ReAct loop:
+    the model's tool call (or a fenced bash block in plain text) is the action.
+    """
+
+    def __init__(self, spec: str, api_key: str | None = None, temperature: float = 0.0, max_tokens: int = 2048,
+                 timeout: float = 300.0):
+        if "#" not in spec:
+            raise InvalidRequest("an openai policy is 'openai:URL#MODEL', e.g. openai:http://localhost:8000/v1#my-model")
+        url, self.model = spec.split("#", 1)
+        self.url = url.rstrip("/") + "/chat/completions"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(timeout=timeout, headers=headers)
+        self.temperature, self.max_tokens = temperature, max_tokens
+
+    async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
+        body = {"model": self.model, "messages": messages, "tools": tools, "tool_choice": "auto",
+                "temperature": self.temperature, "max_tokens": self.max_tokens}
+        resp = await self.http.post(self.url, json=body)
+        resp.raise_for_status()
+        message = resp.json()["choices"][0]["message"]
+        calls = message.get("tool_calls") or []
+        if calls:
+            call = calls[0]
+            return {"id": call.get("id"), "name": call["function"]["name"],
+                    "arguments": call["function"].get("arguments") or "{}"}
+        return message.get("content") or ""
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
