@@ -42,13 +42,14 @@ class SandboxEnv(gym.Env):
     def __init__(self, *, backend: Any = None, base_url: str | None = None, api_key: str | None = None,
                  client: AsyncSandboxClient | None = None, max_steps: int = 50, max_seconds: float | None = None,
                  exec_timeout: float = 180.0, render_mode: str | None = None,
-                 observation_max_length: int = 100_000):
+                 observation_max_length: int = 100_000, track_fingerprint: bool = True):
         if render_mode not in (None, "ansi"):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
             raise gym.error.Error("max_steps must be at least 1")
         self.render_mode = render_mode
         self.max_steps, self.max_seconds, self.exec_timeout = max_steps, max_seconds, exec_timeout
+        self.track_fingerprint = track_fingerprint
         self.observation_space = UnicodeText(observation_max_length)
         self.action_space = AgentAction(1_000_000)
         self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key}
@@ -161,7 +162,7 @@ class SandboxEnv(gym.Env):
             turn.observation, turn.command = result.output, result.command
             turn.exit_code, turn.duration = result.exit_code, result.duration
             terminated = result.submitted
-            if not terminated:
+            if not terminated and self.track_fingerprint:
                 turn.fingerprint = await self.fingerprint(self._ctx)
         except (ActionError, ToolError) as e:
             turn.error = str(e)

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Env overhead: SWE-v0 step against a raw SDK exec, and reset latency, per backend.
+
+    python scripts/bench_env.py [-n 200] [--resets 20] [--backend local|docker]
+
+A step parses the action, runs the bash tool and (by default) fingerprints the working
+tree with `git status`/`git diff`; the baseline is the same command through the SDK
+(`sandbox.exec`) in the same sandbox, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import tempfile
+import time
+
+from orchard_gym import AsyncSandboxClient
+from orchard_gym.envs.swe.env import SWEEnv
+
+TASK = "semver-3.0.2"
+
+
+def stats(samples: list[float]) -> tuple[float, float]:
+    return statistics.median(samples), statistics.quantiles(samples, n=100)[94]
+
+
+async def timed(coro_fn, n: int) -> list[float]:
+    for _ in range(10):
+        await coro_fn()
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await coro_fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def main(args) -> None:
+    config = {"type": args.backend}
+    if args.backend == "local":
+        config["root"] = tempfile.mkdtemp(prefix="og-bench-env-")
+    rows = []
+    async with AsyncSandboxClient(config) as client:
+        for fingerprint in (False, True):
+            env = SWEEnv(client=client, max_steps=10**6, track_fingerprint=fingerprint)
+            await env.areset(options={"task_id": TASK})
+            ctx = env._ctx
+            raw = await timed(lambda: ctx.sandbox.exec("true", cwd=ctx.cwd, env=ctx.env), args.n)
+            step = await timed(lambda: env.astep({"name": "bash", "arguments": {"command": "true"}}), args.n)
+            rows.append((f"raw sdk exec('true')", raw))
+            rows.append((f"env.step(bash 'true'){' + fingerprint' if fingerprint else ''}", step))
+            await env.aclose()
+        env = SWEEnv(client=client)
+        resets = []
+        for _ in range(args.resets):
+            t = time.perf_counter()
+            await env.areset(options={"task_id": TASK})
+            resets.append(time.perf_counter() - t)
+        await env.aclose()
+        bare = []
+        for _ in range(args.resets):
+            t = time.perf_counter()
+            box = await client.create_sandbox(image=None if args.backend == "local" else env.get_task(TASK).image)
+            bare.append(time.perf_counter() - t)
+            await box.delete()
+    print(f"backend {args.backend}")
+    print(f"{'variant':42} {'p50 ms':>9} {'p95 ms':>9} {'ratio':>7}")
+    for i in range(0, len(rows), 2):
+        base = stats(rows[i][1])[0]
+        for label, samples in rows[i : i + 2]:
+            p50, p95 = stats(samples)
+            print(f"{label:42} {p50 * 1e3:9.2f} {p95 * 1e3:9.2f} {p50 / base:6.2f}x")
+    for label, samples in (("create_sandbox (bare)", bare), ("env.reset (sandbox + repo + git)", resets)):
+        p50, p95 = stats(samples)
+        print(f"{label:42} {p50 * 1e3:9.2f} {p95 * 1e3:9.2f}")
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, default=200, help="steps per variant")
+    p.add_argument("--resets", type=int, default=20)
+    p.add_argument("--backend", default="local", choices=["local", "docker"])
+    asyncio.run(main(p.parse_args()))
