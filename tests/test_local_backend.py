@@ -117,11 +117,12 @@ def test_orchard_sandbox_gc_sweeps_dead_clients(local_root):
     assert sandbox_id in out and not (local_root / sandbox_id).exists()
 
 
-@pytest.mark.parametrize("how", ["exit", "sigterm", "exception"])
+@pytest.mark.parametrize("how", ["exit", "sigterm", "sigint", "exception"])
 def test_client_cleans_up_at_exit(local_root, how):
     ending = {
         "exit": "",
         "sigterm": "import os, signal; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)",
+        "sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT); time.sleep(30)",
         "exception": "raise RuntimeError('boom')",
     }[how]
     proc = _spawn_client(local_root, "auto", f"""

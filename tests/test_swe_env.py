@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -61,13 +62,35 @@ def test_reset_returns_task_text_tools_and_ids(env):
         env.reset(options={"task_id": "no-such-task"})
 
 
+@functools.cache
+def swe_images_missing() -> str | None:
+    """Why the docker variant cannot run here, or None when it can."""
+    from conftest import docker_engine
+
+    gateway, why_not = docker_engine()
+    if gateway is None:
+        return why_not
+    missing = [t.image for t in TASKS.values()
+               if subprocess.run(["podman", "image", "exists", t.image], capture_output=True).returncode != 0]
+    return f"SWE images missing (python scripts/build_swe_images.py): {missing}" if missing else None
+
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.skipif(
+        swe_images_missing() is not None, reason=str(swe_images_missing()))]),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task_id", sorted(TASKS))
-def test_gold_resolves_and_nothing_else_does(local_root, task_id):
+def test_gold_resolves_and_nothing_else_does(local_root, task_id, backend):
     """Every built-in task: gold patch -> 1.0, no change -> 0.0, test patch alone -> 0.0."""
     task = TASKS[task_id]
+    config = {"type": "local", "root": str(local_root)} if backend == "local" else {"type": "docker"}
 
     async def episode(actions):
-        async with AsyncSandboxClient({"type": "local", "root": str(local_root)}) as client:
+        async with AsyncSandboxClient(config) as client:
             env = SWEEnv(client=client)
             await env.areset(options={"task_id": task_id})
             for action in actions:
