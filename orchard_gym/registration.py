@@ -14,6 +14,7 @@ import gymnasium as gym
 
 ENVS = {
     "Orchard/SWE-v0": "orchard_gym.envs.swe.env:SWEEnv",
+    "Orchard/Toy-v0": "orchard_gym.envs.toy.env:ToyEnv",
 }
 
 
@@ -21,4 +22,26 @@ def register_envs() -> None:
     for env_id, entry_point in ENVS.items():
         if env_id not in gym.registry:
             # no TimeLimit wrapper: the env enforces its own step and wall-clock budgets
-            gym.register(id=env_id, entry_point=entry_point, disable_env_checker=False)
+            gym.register(id=env_id, entry_point=EnvCreator(entry_point), disable_env_checker=False)
+
+
+class EnvCreator:
+    """An env id's entry point: the env at `entry_point`, or, given `harness=...` (e.g.
+    "mini-swe-agent"), a `HarnessEnv` running that harness on the env's tasks."""
+
+    def __init__(self, entry_point: str):
+        self.entry_point = entry_point
+
+    @property
+    def metadata(self) -> dict:
+        from gymnasium.envs.registration import load_env_creator
+
+        return getattr(load_env_creator(self.entry_point), "metadata", {})
+
+    def __call__(self, harness=None, **kwargs) -> gym.Env:
+        from orchard_gym.wrappers.harness_env import make_harness_env
+
+        return make_harness_env(self.entry_point, harness, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"EnvCreator({self.entry_point!r})"

@@ -1,1 +1,38 @@
-"""Placeholder package; filled by later issues."""
+"""Harness recording and Gymnasium wrappers.
+
+- the recording proxy (`RecordingProxy`, `ProxyConfig`, `create_app`): OpenAI-compatible
+  endpoints per rollout that record every model call (needs the `server` extra);
+- `HarnessEnv`: any harness (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
+- trajectory reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
+- wrappers, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
+  `ErrorFilter` (and `ToyEnv`, the tiny env their examples use).
+
+See docs/recording.md. Importing this package does not import FastAPI.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_LAZY = {
+    "RecordingProxy": "proxy", "ProxyConfig": "proxy", "create_app": "proxy",
+    "StubUpstream": "stub",
+    "HarnessEnv": "harness_env", "HarnessError": "harness_env",
+    "Harness": "harness", "MINI_SWE_AGENT": "harness", "get_harness": "harness",
+    "RolloutStore": "records", "RolloutRecord": "records", "CallRecord": "records",
+    "reconstruct": "reconstruct", "Sample": "reconstruct", "to_trajectory": "reconstruct",
+    "drop_errors": "reconstruct", "discounted": "reconstruct",
+    "AsyncWrapper": "base", "ToyEnv": "base",
+    "WallClockTimeout": "timeout",
+    "DiscountedTerminalReward": "reward", "ShapeReward": "reward",
+    "ErrorFilter": "error_filter",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
