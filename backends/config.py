@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 
 class LocalBackendConfig(BaseModel):
@@ -31,7 +31,153 @@ class LocalBackendConfig(BaseModel):
         return LocalBackend(self)
 
 
-BackendConfig = Annotated[Union[LocalBackendConfig], Field(discriminator="type")]
+_NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$"  # what engines accept as network/object names
+
+
+class DockerBackendConfig(BaseModel):
+    """Sandboxes as containers of any image on Docker Engine or Podman's Docker API,
+    with the agent injected from `injector_image` (see docs/backends.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["docker"] = "docker"
+    base_url: str | None = Field(
+        None, pattern=r"^(unix|tcp|http|https|ssh|npipe)://.+",
+        description="engine API (default: $DOCKER_HOST, else unix:///run/podman/podman.sock if present, "
+                    "else Docker's unix:///var/run/docker.sock)")
+    default_image: str = Field("localhost/orchard/bookworm:latest", min_length=1,
+                               description="image of sandboxes created with image=None")
+    injector_image: str = Field("localhost/orchard/agent-injector:latest", min_length=1,
+                                description="copies the agent bundle into each sandbox's volume")
+    pull: Literal["never", "if-missing"] = Field(
+        "if-missing", description="if-missing: pull a missing image once, then fail; never: local images only")
+    network: str = Field("orchard-internal", pattern=_NAME,
+                         description="internal network (no egress) of blocked sandboxes; created if missing")
+    open_network: str = Field("bridge", pattern=_NAME, description="network of sandboxes with block_network=False")
+    reach: Literal["ip", "port"] = Field(
+        "ip", description="ip: the container's IP; port: a published 127.0.0.1 port (block_network=False only)")
+    agent_port: int = Field(8765, ge=1, le=65535, description="the agent's port inside the container")
+    label_prefix: str = Field("orchard-gym", pattern=r"^[a-z0-9][a-z0-9.-]{0,40}$",
+                              description="prefix of labels and of container/volume names")
+    workdir: str | None = Field(None, pattern=r"^/", description="default cwd of commands "
+                                "(default: the image's WORKDIR, else /workspace)")
+    max_output: int = Field(4 * 1024 * 1024, gt=0, description="bytes of stdout/stderr kept per command")
+    workers: int = Field(16, ge=1, le=256, description="engine API calls in flight at once")
+    api_timeout: float = Field(120.0, gt=0, le=3600, description="seconds for one engine API call")
+
+    def get_backend(self):
+        from orchard_gym.backends.docker import DockerBackend
+
+        return DockerBackend(self)
+
+
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+_LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+_LABEL_KEY = r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+
+
+class Toleration(BaseModel):
+    """A pod toleration, as in the Kubernetes API (camelCase fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: str | None = Field(None, pattern=_LABEL_KEY)
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = Field(None, pattern=_LABEL_VALUE)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    tolerationSeconds: int | None = Field(None, ge=0)
+
+
+class KubernetesBackendConfig(BaseModel):
+    """Sandboxes as pods of any image on a Kubernetes cluster, with the agent injected by an
+    init container; exec goes straight to the pod IP (see docs/kubernetes.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["kubernetes"] = "kubernetes"
+    kubeconfig: Path | None = Field(None, description="kubeconfig file (default: the in-cluster service account "
+                                    "inside a pod, else $KUBECONFIG or ~/.kube/config)")
+    context: str | None = Field(None, min_length=1, description="kubeconfig context (default: its current one)")
+    namespace: str = Field("orchard-sandboxes", pattern=_DNS_LABEL, description="namespace of the sandbox pods")
+    default_image: str = Field("localhost/orchard/bookworm:latest", min_length=1,
+                               description="image of sandboxes created with image=None")
+    injector_image: str = Field("localhost/orchard/agent-injector:latest", min_length=1,
+                                description="init container image that copies the agent bundle into the pod")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    injector_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN)]] = Field(default_factory=list)
+    service_account: str | None = Field(None, pattern=_DNS_SUBDOMAIN,
+                                        description="of the sandbox pods (its token is never mounted)")
+    node_selector: dict[Annotated[str, Field(pattern=_LABEL_KEY)], Annotated[str, Field(pattern=_LABEL_VALUE)]] = \
+        Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    runtime_class: str | None = Field(None, pattern=_DNS_SUBDOMAIN, description="e.g. gvisor or kata")
+    owner: str | None = Field(None, min_length=1, pattern=_LABEL_VALUE,
+                              description="ownership label shared by every process using this config (set it for "
+                                          "the orchestrator's replicas); default: this process, whose sandboxes "
+                                          "list() then shows alone")
+    label_prefix: str = Field("orchard-gym", pattern=r"^[a-z0-9]([-a-z0-9.]{0,38}[a-z0-9])?$",
+                              description="prefix of label and annotation keys and of object names")
+    agent_port: int = Field(8765, ge=1, le=65535, description="the agent's port in the pod")
+    workdir: str = Field("/workspace", pattern=r"^/", description="default cwd of commands")
+    max_output: int = Field(4 * 1024 * 1024, gt=0, description="bytes of stdout/stderr kept per command")
+    cpu_request: float = Field(0.1, gt=0, le=1024, description="cores requested per sandbox (capped at its limit)")
+    memory_request: int | str = Field("128m", description="memory requested per sandbox (capped at its limit)")
+    default_cpu: float | None = Field(None, gt=0, le=1024, description="CPU limit of sandboxes that ask for none")
+    default_memory: int | str | None = Field(None, description="memory limit of sandboxes that ask for none")
+    token_source: Literal["secret", "env"] = Field(
+        "secret", description="secret: a per-sandbox Secret the pod reads (not in the pod spec); env: in the pod spec")
+    security: Literal["baseline", "restricted"] = Field(
+        "baseline", description="baseline: root allowed, no privilege escalation, NET_RAW dropped, RuntimeDefault "
+                                "seccomp; restricted: also non-root, every capability dropped")
+    run_as_user: int | None = Field(None, ge=1, le=2**31 - 1, description="uid of sandboxes (restricted: 65532)")
+    egress_allow: list[str] = Field(default_factory=list, description="addresses every sandbox may reach even with "
+                                    "block_network=True: 'CIDR' or 'CIDR:PORT' (e.g. a recording proxy)")
+    manage_network_policies: bool = Field(True, description="create the deny-egress policy and per-sandbox allowing "
+                                          "ones (off: the cluster's admins manage egress)")
+    delete_grace_seconds: int = Field(0, ge=0, le=3600, description="0: the pod object goes at once and its "
+                                      "processes are killed right after")
+    startup_timeout: int = Field(300, ge=1, le=86400, description="seconds the startup probe allows the agent")
+    workers: int = Field(16, ge=1, le=256, description="API calls in flight at once")
+    api_timeout: float = Field(30.0, gt=0, le=3600, description="seconds for one API call")
+    api_retries: int = Field(6, ge=0, le=50, description="retries of a call answered 429, 5xx or cut off")
+    watch_timeout: int = Field(300, ge=5, le=3600, description="seconds one watch request lasts before it resumes")
+    verify_reach: bool = Field(True, description="call the agent once when its pod turns ready, so that a pod IP "
+                               "this process cannot reach fails at once with a clear error")
+
+    @field_validator("memory_request", "default_memory")
+    @classmethod
+    def _memory(cls, v):
+        from orchard_gym.models import parse_memory
+
+        parse_memory(v)
+        return v
+
+    @field_validator("egress_allow")
+    @classmethod
+    def _egress(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for entry in v:
+            cidr, _, port = entry.rpartition(":") if entry.count(":") == 1 else (entry, "", "")
+            cidr = cidr or entry
+            try:
+                ipaddress.ip_network(cidr, strict=False)
+            except ValueError:
+                raise ValueError(f"egress_allow entry {entry!r} is not 'CIDR' or 'CIDR:PORT'") from None
+            if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise ValueError(f"egress_allow entry {entry!r}: bad port {port!r}")
+        return v
+
+    def get_backend(self):
+        from orchard_gym.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(self)
+
+
+BackendConfig = Annotated[Union[LocalBackendConfig, DockerBackendConfig, KubernetesBackendConfig],
+                          Field(discriminator="type")]
 _adapter: TypeAdapter = TypeAdapter(BackendConfig)
 
 

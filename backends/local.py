@@ -13,6 +13,7 @@ orchestrator, `orchard sandbox gc` — can find, adopt or sweep sandboxes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -79,6 +80,13 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ create
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        if self.config.die_with_client:
+            return self._create(spec)  # here: bubblewrap's --die-with-parent follows the spawning thread
+        # Nothing ties the sandbox to a thread: keep the event loop free while the folders are
+        # made and the child starts (tens of ms on a busy host, stalling every other request).
+        return await asyncio.to_thread(self._create, spec)
+
+    def _create(self, spec: SandboxSpec) -> SandboxRecord:
         if spec.image not in HOST_IMAGES:
             raise InvalidRequest(
                 f"the local backend runs the host's own userland; image must be None or 'host', "
@@ -205,6 +213,9 @@ class LocalBackend(Backend):
         return out
 
     async def is_alive(self, sandbox_id: str) -> bool:
+        proc = self._procs.get(sandbox_id)
+        if proc is not None:  # started here: no need to read its meta.json (the ready-wait asks often)
+            return proc.poll() is None
         meta = self._meta(sandbox_id)
         return bool(meta) and procs.alive(meta.get("pid"))
 
@@ -260,6 +271,13 @@ class LocalBackend(Backend):
 
     async def sweep(self) -> list[str]:
         return await run_in_thread(self.sweep_sync)
+
+    def reap(self) -> None:
+        """Collect the exit status of agents this process started that died or were deleted
+        by another process (an orchestrator replica), so none lingers as a zombie."""
+        for sandbox_id, proc in list(self._procs.items()):
+            if proc.poll() is not None:
+                self._procs.pop(sandbox_id, None)
 
     async def aclose(self) -> None:
         self._procs.clear()

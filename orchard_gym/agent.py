@@ -379,6 +379,8 @@ def apply_patch(runner: Runner, patch: str, cwd: str | None, timeout: float) -> 
             argv.insert(2, "--unsafe-paths")
     elif shutil.which("patch"):
         argv = ["patch", "-p1", "--forward", "--batch"]
+        if os.path.basename(os.path.realpath(shutil.which("patch"))) == "busybox":
+            argv = ["patch", "-p1", "-N"]  # BusyBox knows no --batch (and never prompts)
     else:
         raise BadRequest("neither git nor patch is available in this sandbox", 501)
     res = runner.run({"command": argv, "cwd": cwd, "timeout": timeout, "stdin": patch})

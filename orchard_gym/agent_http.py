@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from urllib.parse import urlencode, urlsplit
 
 
+CONNECT_TIMEOUT = 10.0  # seconds
+
+
 class AgentConnectError(ConnectionError):
     """No connection could be made: nothing was sent, so a retry is always safe."""
 
@@ -72,9 +75,11 @@ class AgentHTTP:
             if self.uds:
                 reader, writer = await asyncio.open_unix_connection(self.uds, limit=1 << 20)
             else:
-                reader, writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
-        except OSError as e:
-            raise AgentConnectError(f"cannot connect to the agent: {e}") from e
+                # bounded: a dead container's IP may route somewhere that never answers
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.host, self.port, limit=1 << 20), CONNECT_TIMEOUT)
+        except (OSError, TimeoutError) as e:
+            raise AgentConnectError(f"cannot connect to the agent: {e or 'timed out'}") from e
         return _Conn(reader, writer)
 
     def _head(self, method: str, path: str, params: dict | None, body: bytes | None, ctype: str) -> bytes:
@@ -119,6 +124,9 @@ class AgentHTTP:
             if ":" in line:
                 key, value = line.split(":", 1)
                 headers[key.strip().lower()] = value.strip()
+        if not headers.get("server", "").startswith("orchard-agent/"):
+            # a dead container's IP can be answered by whatever now holds or routes it
+            raise AgentProtocolError(f"not the agent answered: {lines[0][:80]!r}, server {headers.get('server')!r}")
         return int(parts[1]), headers
 
     async def request(self, method: str, path: str, *, params: dict | None = None, body: bytes | None = None,

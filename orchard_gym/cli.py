@@ -84,13 +84,14 @@ def sandbox_ls(backend, base_url, api_key) -> None:
 
 @sandbox.command("gc")
 @click.option("--root", default=None, help="local sandbox root (default: $ORCHARD_LOCAL_ROOT or /tmp/orchard-gym-UID)")
-def sandbox_gc(root) -> None:
-    """Remove local sandboxes left behind by processes that died."""
-    from .backends.config import LocalBackendConfig
-    from .backends.local import LocalBackend
+@click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]))
+def sandbox_gc(root, backend) -> None:
+    """Remove sandboxes left behind by processes that died (local folders; docker containers and volumes)."""
+    from .backends.config import parse_backend_config
 
-    backend = LocalBackend(LocalBackendConfig(root=root))
-    click.echo(f"removed {len(backend.swept)} sandbox(es): {' '.join(backend.swept) or '-'}")
+    config = {"type": "docker"} if backend == "docker" else {"type": "local", "root": root}
+    swept = parse_backend_config(config).get_backend().swept  # both sweep when they start
+    click.echo(f"removed {len(swept)} sandbox(es): {' '.join(swept) or '-'}")
 
 
 @main.command("agent", add_help_option=False,
@@ -215,6 +216,156 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
         mark = "ERROR " + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--backend", type=click.Choice(["local", "docker", "kubernetes"]), default=None,
+              help="backend type [default: $ORCHARD_BACKEND or local]")
+@click.option("--redis-url", default=None, help="share state with other replicas [default: $ORCHARD_REDIS_URL]")
+def serve_cmd(host, port, backend, redis_url) -> None:
+    """Run the orchestrator: the REST API over a backend (settings: ORCHARD_* env vars,
+    see docs/orchestrator.md). Needs the server extra (pip install 'orchard-gym[server]')."""
+    from .service.settings import ServiceSettings
+
+    overrides = {k: v for k, v in {"backend": backend, "redis_url": redis_url}.items() if v is not None}
+    try:
+        from .service.app import serve
+    except ImportError as e:
+        raise click.ClickException(f"{e}: install the server extra (pip install 'orchard-gym[server]')") from e
+    serve(ServiceSettings(**overrides), host=host, port=port)
+
+
+@main.command("proxy")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=8100, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--upstream", default=None, help="OpenAI-compatible base URL to forward to (upstream mode), "
+              "e.g. http://localhost:8000/v1; without it rollouts are in policy mode")
+@click.option("--upstream-api-key", envvar="ORCHARD_UPSTREAM_API_KEY", default=None, help="API key for the upstream")
+@click.option("--upstream-model", default=None, help="model name sent upstream instead of the harness's")
+@click.option("--uds", default=None, help="also listen on this unix socket (model endpoints only; for sandboxes)")
+@click.option("--admin-key", envvar="ORCHARD_PROXY_ADMIN_KEY", default=None,
+              help="key of the control API [default: $ORCHARD_PROXY_ADMIN_KEY, else generated and printed]")
+@click.option("--public-url", default=None, help="base of the URLs handed out (default http://HOST:PORT)")
+def proxy_cmd(host, port, upstream, upstream_api_key, upstream_model, uds, admin_key, public_url) -> None:
+    """Run the recording proxy: OpenAI-compatible endpoints per rollout that record every
+    model call (see docs/recording.md). Prints its URL and admin key as one JSON line.
+
+    Example: orchard proxy --port 8100 --upstream http://localhost:8000/v1
+    """
+    try:
+        from .wrappers.proxy import ProxyConfig, serve
+    except ImportError as e:
+        raise click.ClickException(f"{e}: install the server extra (pip install 'orchard-gym[server]')") from e
+    serve(ProxyConfig(host=host, port=port, upstream=upstream, upstream_api_key=upstream_api_key,
+                      upstream_model=upstream_model, uds=uds, admin_key=admin_key, public_url=public_url))
+
+
+@main.group(cls=_Group)
+def train() -> None:
+    """Train policies on sandboxed episodes (needs the train extra: pip install 'orchard-gym[train]')."""
+
+
+@train.command("grpo")
+@click.option("--env", "env_id", default="Orchard/Toy-v0", show_default=True, help="registered env id")
+@click.option("--env-kwargs", default="{}", show_default=True, help="extra env kwargs as JSON")
+@click.option("--model", "model_path", required=True, help="policy model folder (transformers format)")
+@click.option("--algo", type=click.Choice(["grpo", "bar"]), default="grpo", show_default=True,
+              help="fixed groups or Balanced Adaptive Rollout")
+@click.option("--steps", type=click.IntRange(min=1), default=100, show_default=True, help="optimiser steps")
+@click.option("--group-size", type=click.IntRange(min=2), default=8, show_default=True, help="episodes per group")
+@click.option("--prompts-per-step", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="episodes per forward/backward")
+@click.option("--lr", type=float, default=1e-6, show_default=True, help="learning rate")
+@click.option("--step-budget", default="15,30@50%", show_default=True,
+              help="step-budget curriculum, e.g. '15,30@50%' or '15,30@200'")
+@click.option("--max-seconds", type=float, default=600.0, show_default=True, help="per-episode wall-clock budget")
+@click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True, help="sandboxes at once")
+@click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True, help="per turn")
+@click.option("--max-completion-tokens", type=click.IntRange(min=1), default=8192, show_default=True,
+              help="per episode (actions and observations)")
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--dynamic-sampling/--no-dynamic-sampling", default=True, show_default=True,
+              help="replace groups whose rewards are all equal")
+@click.option("--max-resamples", type=click.IntRange(min=0), default=2, show_default=True)
+@click.option("--bar-stride", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--bar-max-rollouts", type=click.IntRange(min=2), default=32, show_default=True)
+@click.option("--bar-low", type=float, default=0.25, show_default=True, help="lowest positive fraction")
+@click.option("--bar-high", type=float, default=0.75, show_default=True, help="highest positive fraction")
+@click.option("--bar-on-exhausted", type=click.Choice(["drop", "keep"]), default="drop", show_default=True)
+@click.option("--task-id", "task_filter", multiple=True, help="train on these task ids only (repeatable)")
+@click.option("--system-prompt", default=None, help="system prompt (default: the rollout runner's)")
+@click.option("--render-tools/--no-render-tools", default=True, show_default=True,
+              help="put the tool schemas into the prompt")
+@click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
+@click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(file_okay=False), default=None, help="run folder (default runs/grpo-TIME)")
+@click.option("--plot/--no-plot", default=True, show_default=True, help="draw curves.png at the end")
+def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
+               step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
+               dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
+               task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot) -> None:
+    """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
+
+    Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
+    """
+    try:
+        kwargs = json.loads(env_kwargs)
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--env-kwargs") from None
+    try:
+        from orchard_gym.algos.agent_rollout import SamplingParams
+        from orchard_gym.algos.bar import BARConfig
+        from orchard_gym.algos.grpo import AgentGRPOArgs, train as run_training
+        from orchard_gym.envs.rollout import SYSTEM_PROMPT
+    except ImportError as e:  # pragma: no cover - the train extra is missing
+        raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
+    backend_kwargs = _backend_kwargs(backend, api_key)
+    try:
+        args = AgentGRPOArgs(
+            env_id=env_id, env_kwargs=kwargs, backend=backend_kwargs.get("backend"),
+            base_url=backend_kwargs.get("base_url"), api_key=backend_kwargs.get("api_key"),
+            task_ids=list(task_filter) or None, algo=algo, group_size=group_size, prompts_per_step=prompts_per_step,
+            micro_batch_size=micro_batch, dynamic_sampling=dynamic_sampling, max_resamples=max_resamples,
+            bar=BARConfig(group_size=group_size, stride=bar_stride, max_rollouts=max(bar_max_rollouts, group_size),
+                          low=bar_low, high=bar_high, on_exhausted=bar_on_exhausted),
+            step_budget=step_budget, max_seconds=max_seconds, concurrency=concurrency,
+            sampling=SamplingParams(max_new_tokens=max_new_tokens, max_completion_tokens=max_completion_tokens,
+                                    temperature=temperature),
+            system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
+            render_tools=render_tools, seed=seed)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"
+    summary = run_training(args, model_path, run_dir, steps=steps, learning_rate=lr)
+    last = summary.get("last") or {}
+    click.echo(f"\n{env_id} · {algo} · {summary['steps']} steps in {summary['train_runtime'] or 0:.1f}s")
+    for key in ("rollout/success_rate", "rollout/informative_share", "rollout/rollouts_per_prompt",
+                "tokens_per_second", "rollout/episode_turns"):
+        first = (summary.get("first") or {}).get(key)
+        if first is not None or last.get(key) is not None:
+            click.echo(f"  {key:30} first {first if first is None else round(first, 3)!s:>8}  "
+                       f"last {last.get(key) if last.get(key) is None else round(last[key], 3)!s:>8}")
+    click.echo(f"metrics: {summary['metrics']}\nmodel: {run_dir}/final")
+    if plot:
+        from orchard_gym.algos.plot import plot_run
+
+        click.echo(f"curves: {plot_run(run_dir)}")
+
+
+@main.command("plot")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--out", type=click.Path(dir_okay=False), default=None, help="PNG path (default RUN_DIR/curves.png)")
+def plot_cmd(run_dir, out) -> None:
+    """Draw a training run's curves (RUN_DIR/metrics.jsonl) to a PNG."""
+    from orchard_gym.algos.plot import plot_run
+
+    try:
+        click.echo(plot_run(run_dir, out))
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from None
 
 
 if __name__ == "__main__":

@@ -60,6 +60,14 @@ class SandboxSpec(BaseModel):
         parse_memory(v)
         return v
 
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
+        return v
+
     @property
     def memory_bytes(self) -> int | None:
         return parse_memory(self.memory)

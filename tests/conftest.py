@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import socket
@@ -130,7 +131,88 @@ def conformance_params():
                                     "host_address": "127.0.0.1"}, id="local-bwrap"))
     params.append(pytest.param({"config": {"type": "local", "isolation": "none"}, "image": None,
                                 "host_address": "127.0.0.1", "no_netns": True}, id="local-plain"))
+    # the SDK's remote mode: an orchestrator (a real uvicorn subprocess) over the local backend
+    params.append(pytest.param({"config": {"type": "local"}, "image": None, "host_address": "127.0.0.1",
+                                "remote": True, "no_netns": not HAS_BWRAP}, id="remote-local"))
+    gateway, why_not = docker_engine()
+    for name, image in DOCKER_IMAGES.items():
+        # a sandbox with network reaches this machine at its network's bridge gateway
+        params.append(pytest.param({"config": {"type": "docker"}, "image": image, "host_address": gateway},
+                                   id=f"docker-{name}",
+                                   marks=[pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]))
+    # kubernetes through the fake API server (tests/fake_k8s) whose kubelet runs pods with Podman
+    k8s_why_not = fake_k8s_unavailable()
+    for name, image in DOCKER_IMAGES.items():
+        params.append(pytest.param({"config": {"type": "kubernetes"}, "image": image, "host_address": gateway,
+                                    "fake_k8s": True}, id=f"kubernetes-{name}",
+                                   marks=[pytest.mark.docker, pytest.mark.kubernetes,
+                                          pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")]))
+    # a real cluster, for scripts/e2e_k8s.sh: ORCHARD_K8S_E2E='{"kubeconfig": ..., "namespace": ...}'
+    if os.environ.get("ORCHARD_K8S_E2E"):
+        import json
+
+        params.append(pytest.param({"config": {"type": "kubernetes", **json.loads(os.environ["ORCHARD_K8S_E2E"])},
+                                    "image": os.environ.get("ORCHARD_K8S_E2E_IMAGE", DOCKER_IMAGES["busybox"]),
+                                    "host_address": os.environ.get("ORCHARD_K8S_E2E_HOST_ADDRESS", "127.0.0.1")},
+                                   id="kubernetes-real", marks=[pytest.mark.kubernetes]))
     return params
+
+
+def fake_k8s_unavailable() -> str | None:
+    """Why the fake Kubernetes cluster cannot run here (None: it can)."""
+    try:
+        import kubernetes  # noqa: F401
+    except ImportError:
+        return "the kubernetes client is not installed (bash scripts/install.sh dev,docker,k8s)"
+    gateway, why_not = docker_engine()
+    return (why_not or "no container engine") if gateway is None else None
+
+
+@pytest.fixture(scope="session")
+def fake_k8s(tmp_path_factory):
+    """One fake cluster (API server + Podman kubelet, a subprocess) for the session."""
+    from fake_k8s import FakeCluster
+
+    cluster = FakeCluster(tmp_path_factory.mktemp("fake-k8s"), kubelet="podman")
+    yield cluster
+    cluster.stop()
+
+
+DOCKER_IMAGES = {"busybox": "localhost/orchard/busybox:latest", "bookworm": "localhost/orchard/bookworm:latest"}
+INJECTOR_IMAGE = "localhost/orchard/agent-injector:latest"
+
+
+@functools.cache
+def docker_engine() -> tuple[str | None, str]:
+    """(gateway of the engine's default network, "") when the engine (Podman in CI) and the
+    test images are there; else (None, why not)."""
+    try:
+        import docker
+
+        from orchard_gym.backends.docker import default_base_url
+    except ImportError:
+        return None, "the docker SDK is not installed (bash scripts/install.sh dev,docker)"
+    url = default_base_url()
+    try:
+        client = docker.DockerClient(base_url=url, timeout=10)
+    except Exception as e:
+        return None, f"no container engine at {url} ({e}); run scripts/podman_service.sh start"
+    try:
+        client.ping()
+        missing = []
+        for image in (*DOCKER_IMAGES.values(), INJECTOR_IMAGE):
+            try:
+                client.api.inspect_image(image)
+            except docker.errors.ImageNotFound:
+                missing.append(image)
+        if missing:
+            return None, (f"images missing: {', '.join(missing)} (run scripts/build_test_images.sh and "
+                          f"scripts/build_injector_image.sh)")
+        return client.api.inspect_network("bridge")["IPAM"]["Config"][0]["Gateway"], ""
+    except Exception as e:
+        return None, f"no container engine at {url} ({e}); run scripts/podman_service.sh start"
+    finally:
+        client.close()
 
 
 @pytest.fixture(params=conformance_params())
@@ -139,15 +221,40 @@ def backend_case(request, local_root):
     config = dict(case["config"])
     if config["type"] == "local":
         config["root"] = str(local_root)
+    if case.get("fake_k8s"):
+        config = request.getfixturevalue("fake_k8s").backend_config(**config)
     case["config"] = config
+    if case.get("remote"):
+        orchestrator = request.getfixturevalue("remote_orchestrator")
+        case["base_url"], case["api_key"] = orchestrator.url, orchestrator.api_key
     return case
+
+
+def client_kwargs(case) -> dict:
+    """SandboxClient/AsyncSandboxClient arguments for a conformance case."""
+    if case.get("remote"):
+        return {"base_url": case["base_url"], "api_key": case["api_key"]}
+    return {"backend": case["config"]}
+
+
+@pytest.fixture(scope="session")
+def remote_orchestrator(tmp_path_factory):
+    """One orchestrator for the session's remote-mode tests (in-memory store, local backend)."""
+    from service_helpers import Orchestrator, remove_all_sandboxes, short_root
+
+    root = short_root("orch")
+    orch = Orchestrator(root, log_dir=tmp_path_factory.mktemp("orchestrator"), reconcile_interval=1)
+    yield orch
+    orch.stop()
+    remove_all_sandboxes(root)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
 def client(backend_case):
     from orchard_gym import SandboxClient
 
-    c = SandboxClient(backend_case["config"])
+    c = SandboxClient(**client_kwargs(backend_case))
     yield c
     c.close()
 

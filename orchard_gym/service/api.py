@@ -1,0 +1,309 @@
+"""The REST API, compatible with Orchard Env's wire format (plus a streaming exec and
+`/metrics`). Every route but `GET /` and `GET /health` needs an `X-API-Key` header."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Security
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import APIKeyHeader
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from orchard_gym import __version__
+from orchard_gym.errors import InvalidRequest, SandboxTimeout
+from orchard_gym.models import ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+
+from .errors import status_of
+
+# --------------------------------------------------------------------------- wire models
+MAX_TIMEOUT = 7 * 86400
+
+
+class ExecBody(BaseModel):
+    """`POST /sandboxes/{id}/exec` (and `/exec/stream`, which ignores `wait`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | list[str] = Field(..., description="a shell string (bash -c) or an argv list")
+    timeout_seconds: float = Field(600, gt=0, le=MAX_TIMEOUT)
+    cwd: str | None = None
+    env: dict[str, str] | None = None
+    stdin: str | None = None
+    login_shell: bool = False
+    wait: bool = Field(False, description="answer with the finished job instead of {job_id, status}")
+
+    @field_validator("command")
+    @classmethod
+    def _non_empty(cls, v):
+        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+            raise ValueError("command is empty")
+        return v
+
+    def request(self) -> ExecRequest:
+        return ExecRequest(command=self.command, cwd=self.cwd, env=self.env, timeout=self.timeout_seconds,
+                           stdin=self.stdin, login_shell=self.login_shell)
+
+
+class PatchBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    patch: str
+    timeout_seconds: float = Field(120, gt=0, le=MAX_TIMEOUT)
+    cwd: str | None = None
+
+
+class UploadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(..., min_length=1)
+    content: str = Field(..., description="the file's bytes, base64")
+    mode: int | None = Field(None, ge=0, le=0o7777, description="permission bits, e.g. 493 (0o755)")
+
+
+class SandboxOut(SandboxRecord):
+    """A sandbox record as the API shows it (no token, no backend internals)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    expires_at: float | None = Field(None, description="when it is reaped unless heartbeated or used")
+
+
+class Deleted(BaseModel):
+    status: str = "deleted"
+    sandbox_id: str
+
+
+class Queued(BaseModel):
+    job_id: str
+    status: str = "queued"
+
+
+class UploadOut(BaseModel):
+    success: bool = True
+    path: str
+    size: int
+
+
+class DownloadOut(BaseModel):
+    path: str
+    content: str = Field(..., description="base64")
+    size: int
+
+
+class ListOut(BaseModel):
+    path: str
+    files: list[FileInfo]
+
+
+class ErrorOut(BaseModel):
+    detail: Any
+    error: str = Field(..., description="the SDK's exception class, e.g. SandboxNotFound")
+
+
+def _errors(*codes: int) -> dict:
+    return {code: {"model": ErrorOut} for code in (401, 403, *codes)}
+
+
+# --------------------------------------------------------------------------- auth
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="one of ORCHARD_API_KEYS")
+
+
+def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> None:
+    keys = request.app.state.settings.api_keys
+    if not keys:
+        return
+    if not key:
+        raise HTTPException(401, "missing X-API-Key header")
+    given = key.encode("utf-8", "surrogateescape")
+    if not any(hmac.compare_digest(given, k.encode()) for k in keys):
+        raise HTTPException(403, "invalid API key")
+
+
+def _svc(request: Request):
+    return request.app.state.service
+
+
+def _out(request: Request, record: SandboxRecord) -> dict:
+    data = record.public()
+    data["expires_at"] = record.last_heartbeat + request.app.state.settings.sandbox_ttl
+    return data
+
+
+def _wait_for(request: Request, timeout: float) -> float:
+    return min(timeout, request.app.state.settings.max_wait)
+
+
+Timeout = Annotated[float, Query(ge=0, le=86400, description="seconds to wait (capped by the server's max_wait)")]
+
+# --------------------------------------------------------------------------- routes
+public = APIRouter()
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@public.get("/", summary="banner")
+async def banner(request: Request) -> dict:
+    svc = _svc(request)
+    return {"name": "orchard-gym orchestrator", "version": __version__, "backend": svc.backend.name,
+            "store": svc.store.kind, "replica": svc.settings.replica_id, "docs": "/docs"}
+
+
+@public.get("/health", summary="liveness")
+async def health(request: Request) -> dict:
+    svc = _svc(request)
+    store_ok = await svc.store.ping()
+    return {"status": "ok" if store_ok else "degraded", "store": "ok" if store_ok else "unreachable",
+            "replica": svc.settings.replica_id}
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(request: Request) -> Response:
+    svc = _svc(request)
+    svc.metrics.execs_running.set(svc.execs.running)
+    svc.metrics.execs_waiting.set(svc.execs.waiting)
+    counts: dict[str, int] = {}
+    for record in await svc.store.list_sandboxes():
+        counts[record.status] = counts.get(record.status, 0) + 1
+    for status in ("pending", "running", "failed", "deleting"):
+        svc.metrics.sandboxes.labels(status).set(counts.get(status, 0))
+    return Response(svc.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+@router.get("/resources", summary="capacity and usage of the backend", responses=_errors())
+async def resources(request: Request) -> dict:
+    svc = _svc(request)
+    counts: dict[str, int] = {}
+    for record in await svc.store.list_sandboxes():
+        counts[record.status] = counts.get(record.status, 0) + 1
+    return {
+        "backend": svc.backend.resources(),
+        "sandboxes": {"total": sum(counts.values()), **counts},
+        "execs": {"running": svc.execs.running, "waiting": svc.execs.waiting,
+                  "concurrency": svc.settings.exec_concurrency, "queue": svc.settings.exec_queue},
+        "replica": svc.settings.replica_id,
+        "store": svc.store.kind,
+    }
+
+
+@router.post("/sandboxes", summary="create a sandbox", response_model=SandboxOut, responses=_errors(409, 422, 503))
+async def create_sandbox(request: Request, spec: SandboxSpec,
+                         wait: Annotated[bool, Query(description="answer once it is ready (or failed), "
+                                                     "within the server's max_wait")] = False) -> dict:
+    svc = _svc(request)
+    record = await svc.sandboxes.create(spec)
+    if wait:
+        timeout = _wait_for(request, spec.timeout or svc.settings.ready_timeout)
+        try:
+            record = await svc.sandboxes.wait_ready(record.sandbox_id, timeout)
+        except SandboxTimeout:
+            record = await svc.sandboxes.get(record.sandbox_id)  # still pending: the caller waits on
+    return _out(request, record)
+
+
+@router.get("/sandboxes", summary="list sandboxes", response_model=list[SandboxOut], responses=_errors())
+async def list_sandboxes(request: Request) -> list[dict]:
+    return [_out(request, r) for r in await _svc(request).sandboxes.list()]
+
+
+@router.get("/sandboxes/{sandbox_id}", response_model=SandboxOut, responses=_errors(404))
+async def get_sandbox(request: Request, sandbox_id: str) -> dict:
+    return _out(request, await _svc(request).sandboxes.get(sandbox_id))
+
+
+@router.delete("/sandboxes/{sandbox_id}", response_model=Deleted, responses=_errors(404))
+async def delete_sandbox(request: Request, sandbox_id: str) -> dict:
+    await _svc(request).sandboxes.delete(sandbox_id)
+    return {"status": "deleted", "sandbox_id": sandbox_id}
+
+
+@router.get("/sandboxes/{sandbox_id}/wait", summary="block until the sandbox is ready (or failed)",
+            response_model=SandboxOut, responses=_errors(404, 408))
+async def wait_sandbox(request: Request, sandbox_id: str, timeout: Timeout = 30.0) -> dict:
+    return _out(request, await _svc(request).sandboxes.wait_ready(sandbox_id, _wait_for(request, timeout)))
+
+
+@router.post("/sandboxes/{sandbox_id}/heartbeat", summary="refresh the liveness timer",
+             response_model=SandboxOut, responses=_errors(404))
+async def heartbeat(request: Request, sandbox_id: str) -> dict:
+    return _out(request, await _svc(request).sandboxes.heartbeat(sandbox_id))
+
+
+@router.post("/sandboxes/{sandbox_id}/exec", summary="run a command",
+             response_model=JobResult | Queued, responses=_errors(404, 409, 422, 502, 503))
+async def exec_command(request: Request, sandbox_id: str, body: ExecBody) -> Response:
+    svc = _svc(request)
+    wait_timeout = _wait_for(request, body.timeout_seconds + 5.0)
+    job = await svc.execs.submit(sandbox_id, body.request(), body.wait, wait_timeout)
+    if not body.wait:
+        return JSONResponse({"job_id": job.job_id, "status": "queued"})
+    return Response(job.model_dump_json(), media_type="application/json")
+
+
+@router.post("/sandboxes/{sandbox_id}/exec/stream", summary="run a command, streaming its output (NDJSON)",
+             responses={**_errors(404, 409, 422, 503),
+                        200: {"content": {"application/x-ndjson": {}},
+                              "description": "lines of {type: stdout|stderr, data} ... {type: exit, exit_code, ...}"}})
+async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> StreamingResponse:
+    events = await _svc(request).execs.stream(sandbox_id, body.request())
+
+    async def lines():
+        try:
+            async for event in events:
+                yield event.model_dump_json(exclude_none=True).encode() + b"\n"
+        except Exception as e:  # headers are gone: say it in-band
+            _, name = status_of(e)
+            yield json.dumps({"type": "error", "error": name, "detail": str(e)}).encode() + b"\n"
+
+    return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+@router.get("/jobs/{job_id}", response_model=JobResult, responses=_errors(404))
+async def get_job(request: Request, job_id: str) -> JobResult:
+    return await _svc(request).execs.get_job(job_id)
+
+
+@router.get("/jobs/{job_id}/wait", summary="block until the job is complete", response_model=JobResult,
+            responses=_errors(404, 408))
+async def wait_job(request: Request, job_id: str, timeout: Timeout = 30.0) -> JobResult:
+    return await _svc(request).execs.wait_job(job_id, _wait_for(request, timeout))
+
+
+@router.post("/sandboxes/{sandbox_id}/apply_patch", response_model=PatchResult,
+             responses=_errors(404, 409, 422, 502, 503))
+async def apply_patch(request: Request, sandbox_id: str, body: PatchBody) -> PatchResult:
+    return await _svc(request).execs.apply_patch(sandbox_id, body.patch, body.timeout_seconds, body.cwd)
+
+
+@router.post("/sandboxes/{sandbox_id}/files", summary="upload a file", response_model=UploadOut,
+             responses=_errors(404, 409, 422, 502))
+async def upload(request: Request, sandbox_id: str, body: UploadBody) -> dict:
+    try:
+        data = base64.b64decode(body.content, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidRequest("content is not valid base64") from None
+    svc = _svc(request)
+    await svc.sandboxes.use(sandbox_id)
+    answer = await svc.sandboxes.call(sandbox_id, "upload", body.path, data, body.mode)
+    return {"success": True, "path": answer.get("path", body.path), "size": answer.get("size", len(data))}
+
+
+@router.get("/sandboxes/{sandbox_id}/files", summary="download a file", response_model=DownloadOut,
+            responses=_errors(404, 409, 422, 502))
+async def download(request: Request, sandbox_id: str, path: Annotated[str, Query(min_length=1)]) -> dict:
+    svc = _svc(request)
+    await svc.sandboxes.use(sandbox_id)
+    data = await svc.sandboxes.call(sandbox_id, "download", path)
+    return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
+
+
+@router.get("/sandboxes/{sandbox_id}/files/list", summary="list a directory", response_model=ListOut,
+            responses=_errors(404, 409, 422, 502))
+async def list_files(request: Request, sandbox_id: str, path: str = ".") -> dict:
+    svc = _svc(request)
+    await svc.sandboxes.use(sandbox_id)
+    files = await svc.sandboxes.call(sandbox_id, "list_files", path)
+    return {"path": path, "files": files}

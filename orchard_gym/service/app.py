@@ -1,0 +1,202 @@
+"""The orchestrator's FastAPI app: settings -> backend, store, managers, reconciler.
+
+    uvicorn 'orchard_gym.service.app:create_app' --factory   # or: orchard serve
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from orchard_gym import __version__
+from orchard_gym.backends.config import parse_backend_config
+from orchard_gym.errors import InvalidRequest, OrchardError
+
+from .api import public, router
+from .errors import status_of
+from .execs import ExecManager
+from .logs import request_id, setup_logging
+from .metrics import Metrics
+from .reconciler import Reconciler
+from .sandboxes import SandboxManager
+from .settings import ServiceSettings, is_loopback
+from .store import MemoryStore, Store
+
+log = logging.getLogger("orchard_gym.service")
+access = logging.getLogger("orchard_gym.service.access")
+
+_HTTP_ERROR_NAMES = {401: "AuthenticationError", 403: "AuthenticationError", 404: "NotFound",
+                     405: "MethodNotAllowed", 408: "SandboxTimeout", 422: "InvalidRequest",
+                     503: "ServiceUnavailable"}
+
+
+@dataclass
+class Service:
+    """Everything one replica runs; `app.state.service`."""
+
+    settings: ServiceSettings
+    backend: object
+    store: Store
+    sandboxes: SandboxManager
+    execs: ExecManager
+    reconciler: Reconciler
+    metrics: Metrics
+
+
+def make_store(settings: ServiceSettings) -> Store:
+    if settings.redis_url:
+        from .redis_store import RedisStore
+
+        return RedisStore(settings.redis_url, settings.redis_prefix)
+    return MemoryStore()
+
+
+def make_backend(settings: ServiceSettings):
+    return parse_backend_config(settings.backend_config_dict()).get_backend()
+
+
+def create_app(settings: ServiceSettings | None = None, *, backend=None, store: Store | None = None) -> FastAPI:
+    """The app for one replica. `backend`/`store` override what the settings would build."""
+    settings = settings or ServiceSettings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        the_store = store or make_store(settings)
+        await the_store.start()
+        the_backend = backend or make_backend(settings)
+        sandboxes = SandboxManager(settings, the_backend, the_store, metrics)
+        execs = ExecManager(settings, the_store, sandboxes, metrics)
+        reconciler = Reconciler(settings, the_backend, the_store, sandboxes, execs, metrics)
+        app.state.service = Service(settings, the_backend, the_store, sandboxes, execs, reconciler, metrics)
+        try:
+            await reconciler.reconcile_once()  # adopt what a previous run left, before serving
+        except Exception:
+            log.exception("first reconciliation pass failed")
+        reconciler.start()
+        log.info("orchestrator started", extra={"replica": settings.replica_id, "backend": the_backend.name,
+                                                "store": the_store.kind})
+        try:
+            yield
+        finally:
+            await reconciler.aclose()
+            await execs.aclose()
+            await sandboxes.aclose()
+            await the_backend.aclose()  # sandboxes live on: a restarted replica adopts them
+            await the_store.aclose()
+            log.info("orchestrator stopped", extra={"replica": settings.replica_id})
+
+    app = FastAPI(title="orchard-gym orchestrator", version=__version__, lifespan=lifespan,
+                  description="Orchard-compatible sandbox API over any backend. "
+                              "Send `X-API-Key` on every route but `/` and `/health`.")
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.include_router(public)
+    app.include_router(router)
+    _install_error_handlers(app)
+    app.add_middleware(RequestContext, metrics=metrics)
+    return app
+
+
+def _error(status: int, name: str, detail, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail, "error": name}, status_code=status, headers=headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        problems = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                    for e in exc.errors()]
+        return _error(422, "InvalidRequest", problems)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        return _error(exc.status_code, _HTTP_ERROR_NAMES.get(exc.status_code, "HTTPError"), exc.detail,
+                      getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def any_error(request: Request, exc: Exception):
+        status, name = status_of(exc)
+        if status == 500:  # a bug: with the traceback
+            log.error("request failed", exc_info=exc, extra={"path": request.url.path})
+        elif status >= 500:  # an agent, backend or store that failed us
+            log.warning("request failed", extra={"path": request.url.path, "error": f"{name}: {exc}"})
+        headers = {"Retry-After": "1"} if status == 503 else None
+        return _error(status, name, str(exc) or type(exc).__name__, headers)
+
+    # Registered by class, these are answered inside the middleware stack (so the access log
+    # and metrics see their status); anything else is a bug: a 500 from the outermost layer.
+    for cls in (OrchardError, FileNotFoundError, *_store_errors()):
+        app.add_exception_handler(cls, any_error)
+
+
+def _store_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeout
+    except ImportError:  # pragma: no cover
+        return ()
+    return (RedisConnectionError, RedisTimeout)
+
+
+class RequestContext:
+    """Request ids, one JSON access-log line per request, and the HTTP metrics."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        rid = None
+        for key, value in scope.get("headers", ()):
+            if key == b"x-request-id":
+                rid = value.decode("latin-1")[:64]
+                break
+        rid = rid or uuid.uuid4().hex[:16]
+        token = request_id.set(rid)
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_id(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", ()), (b"x-request-id", rid.encode("latin-1"))]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or "unmatched"
+            method = scope.get("method", "")
+            self.metrics.requests.labels(method, route, str(status)).inc()
+            self.metrics.latency.labels(method, route).observe(elapsed)
+            access.info("request", extra={"method": method, "path": scope.get("path"), "route": route,
+                                          "status": status, "ms": round(elapsed * 1000, 3)})
+            request_id.reset(token)
+
+
+def serve(settings: ServiceSettings, host: str = "127.0.0.1", port: int = 8000) -> None:
+    """Run one replica with uvicorn (`orchard serve`)."""
+    import uvicorn
+
+    if not settings.api_keys and not is_loopback(host):
+        raise InvalidRequest(f"refusing to serve on {host} without API keys: set ORCHARD_API_KEYS "
+                             f"(comma-separated), or bind a loopback address such as 127.0.0.1")
+    setup_logging(settings.log_level)
+    if not settings.api_keys:
+        log.warning("no API keys configured: every caller on this machine is trusted")
+    app = create_app(settings)
+    # keep idle connections longer than clients do (httpx: 5 s; the SDK: 30 s), so a client never
+    # sends on a connection the server is closing; uvloop and httptools when installed
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, timeout_graceful_shutdown=5,
+                timeout_keep_alive=75, backlog=4096, log_level=settings.log_level.lower())

@@ -1,0 +1,238 @@
+"""The sandbox manager: lifecycle (create, ready, delete), heartbeats, and calls to a
+sandbox's agent that notice when the sandbox died.
+
+A record is written to the store *before* the backend creates anything and removed only
+*after* the backend deleted it, so a backend sandbox without a record is a true orphan
+(the reconciler adopts it) and nothing the backend runs goes unaccounted for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+from orchard_gym.backends.base import new_sandbox_id
+from orchard_gym.errors import AgentUnavailable, SandboxFailed, SandboxNotFound, SandboxTimeout
+from orchard_gym.models import ExecEvent, SandboxRecord, SandboxSpec
+from orchard_gym.retry import RetryPolicy
+
+from .agents import AgentPool
+from .errors import Conflict
+from .settings import ServiceSettings
+from .store import Store
+
+log = logging.getLogger("orchard_gym.service.sandboxes")
+LIVE = ("pending", "running")
+
+
+def sandbox_key(sandbox_id: str) -> str:
+    return f"sb:{sandbox_id}"
+
+
+class SandboxManager:
+    def __init__(self, settings: ServiceSettings, backend, store: Store, metrics=None):
+        self.settings, self.backend, self.store, self.metrics = settings, backend, store, metrics
+        self.replica = settings.replica_id
+        # connection refusals are retried for a while (an agent still starting, a restart);
+        # a connection that broke after the request was sent is not (exec is not idempotent)
+        retry = RetryPolicy(attempts=10_000, initial=0.02, maximum=0.5,
+                            deadline=max(settings.agent_retry_window, 0.001))
+        self.agents = AgentPool(backend, retry)
+        self._watchers: dict[str, asyncio.Task] = {}
+
+    # ------------------------------------------------------------------ lifecycle
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        sandbox_id = spec.sandbox_id or new_sandbox_id()
+        spec = spec.model_copy(update={"sandbox_id": sandbox_id})
+        timeout = spec.timeout or self.settings.ready_timeout
+        now = time.time()
+        record = SandboxRecord(
+            sandbox_id=sandbox_id, image=spec.image, status="pending", backend=self.backend.name,
+            block_network=spec.block_network, cpu=spec.cpu, memory=spec.memory, env=spec.env, labels=spec.labels,
+            created_at=now, last_heartbeat=now,
+            details={"replica": self.replica, "ready_deadline": now + timeout},
+        )
+        if not await self.store.add_sandbox(record):
+            raise Conflict(f"sandbox {sandbox_id} already exists")
+        started = time.monotonic()
+        try:
+            created = await self.backend.create(spec)
+        except BaseException:
+            await self.store.remove_sandbox(sandbox_id)
+            raise
+        self.agents.remember(sandbox_id, created.endpoint)
+
+        def merge(r: SandboxRecord):
+            r.image, r.workdir = created.image, created.workdir
+            r.details = {**created.details, **r.details, "backend_created": True}
+
+        record = await self.store.update_sandbox(sandbox_id, merge) or record
+        self.watch(created, timeout, started)
+        return record
+
+    def watch(self, backend_record: SandboxRecord, timeout: float, started: float | None = None) -> None:
+        """Wait for the agent in the background; set the status and wake the waiters."""
+        sandbox_id = backend_record.sandbox_id
+        if sandbox_id in self._watchers:
+            return
+        task = asyncio.get_running_loop().create_task(self._wait_ready(backend_record, timeout, started))
+        self._watchers[sandbox_id] = task
+        task.add_done_callback(lambda _: self._watchers.pop(sandbox_id, None))
+
+    async def _wait_ready(self, backend_record: SandboxRecord, timeout: float, started: float | None) -> None:
+        sandbox_id = backend_record.sandbox_id
+        try:
+            await self.backend.wait_ready(backend_record, timeout)
+            status, error = "running", None
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            status, error = "failed", f"{type(e).__name__}: {e}"
+
+        def settle(r: SandboxRecord):
+            if r.status != "pending":
+                return False
+            r.status, r.error = status, error
+
+        await self.store.update_sandbox(sandbox_id, settle)
+        await self.store.notify(sandbox_key(sandbox_id))
+        if self.metrics is not None and started is not None:
+            self.metrics.observe_ready(status, time.monotonic() - started)
+        if status == "failed":
+            log.warning("sandbox failed to start", extra={"sandbox_id": sandbox_id, "error": error})
+            await self._free(sandbox_id)  # keep the record (it says why); free what it held
+
+    async def _free(self, sandbox_id: str) -> None:
+        await self.agents.forget(sandbox_id)
+        try:
+            await self.backend.delete(sandbox_id)
+        except Exception as e:
+            log.warning("could not free a failed sandbox", extra={"sandbox_id": sandbox_id, "error": str(e)})
+
+    async def get(self, sandbox_id: str) -> SandboxRecord:
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        return record
+
+    async def list(self) -> list[SandboxRecord]:
+        return await self.store.list_sandboxes()
+
+    async def wait_ready(self, sandbox_id: str, timeout: float) -> SandboxRecord:
+        """Block until the sandbox is running or failed, woken by its event."""
+        deadline = time.monotonic() + timeout
+        async with self.store.waiter(sandbox_key(sandbox_id)) as waiter:
+            while True:
+                record = await self.get(sandbox_id)
+                if record.status not in ("pending",):
+                    if record.status in ("deleting", "deleted"):
+                        raise SandboxNotFound(f"sandbox {sandbox_id} is being deleted")
+                    return record
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxTimeout(f"sandbox {sandbox_id} not ready after {timeout:g}s")
+                await waiter.wait(left)
+
+    async def heartbeat(self, sandbox_id: str) -> SandboxRecord:
+        return await self.use(sandbox_id)
+
+    async def use(self, sandbox_id: str) -> SandboxRecord:
+        """Any use of a sandbox counts as a heartbeat. Raises unless it can take commands."""
+        record = await self.store.touch(sandbox_id)
+        if record is None or record.status in ("deleting", "deleted"):
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        if record.status == "failed":
+            raise SandboxFailed(f"sandbox {sandbox_id} has failed: {record.error}")
+        return record
+
+    async def delete(self, sandbox_id: str, reason: str = "requested") -> None:
+        def mark(r: SandboxRecord):
+            r.status = "deleting"
+
+        if await self.store.update_sandbox(sandbox_id, mark) is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        watcher = self._watchers.pop(sandbox_id, None)
+        if watcher is not None:
+            watcher.cancel()
+        await self.agents.forget(sandbox_id)
+        await self.backend.delete(sandbox_id)
+        await self.store.remove_sandbox(sandbox_id)
+        await self.store.notify(sandbox_key(sandbox_id))
+        log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
+
+    async def mark_failed(self, sandbox_id: str, error: str) -> bool:
+        changed = False
+
+        def fail(r: SandboxRecord):
+            nonlocal changed
+            if r.status not in LIVE:
+                return False
+            r.status, r.error, changed = "failed", error, True
+
+        await self.store.update_sandbox(sandbox_id, fail)
+        if changed:
+            await self.agents.forget(sandbox_id)
+            await self.store.notify(sandbox_key(sandbox_id))
+            log.warning("sandbox failed", extra={"sandbox_id": sandbox_id, "error": error})
+        return changed
+
+    async def adopt(self, backend_record: SandboxRecord) -> bool:
+        """Take over a sandbox the backend runs but no record covers (a replica restarted
+        with an in-memory store, a record lost): it lives on, with a fresh heartbeat."""
+        now = time.time()
+        record = backend_record.model_copy(update={
+            "last_heartbeat": now, "endpoint": None,
+            "details": {**backend_record.details, "replica": self.replica, "adopted_at": now,
+                        "backend_created": True},
+        })
+        if record.status not in ("running", "failed"):
+            record.status = "running"
+        if not await self.store.add_sandbox(record):
+            return False
+        log.info("sandbox adopted", extra={"sandbox_id": record.sandbox_id, "status": record.status})
+        return True
+
+    # ------------------------------------------------------------------ agent calls
+    async def call(self, sandbox_id: str, method: str, *args):
+        """Call the sandbox's agent; when it cannot be reached, say whether the sandbox died."""
+        agent = await self.agents.get(sandbox_id)
+        if agent is None:
+            await self._gone(sandbox_id, None)
+        try:
+            return await getattr(agent, method)(*args)
+        except AgentUnavailable as e:
+            await self._raise_if_dead(sandbox_id, e)
+            raise
+
+    async def stream(self, sandbox_id: str, req) -> AsyncIterator[ExecEvent]:
+        agent = await self.agents.get(sandbox_id)
+        if agent is None:
+            await self._gone(sandbox_id, None)
+        try:
+            async for event in agent.exec_stream(req):
+                yield event
+        except AgentUnavailable as e:
+            await self._raise_if_dead(sandbox_id, e)
+            raise
+
+    async def _raise_if_dead(self, sandbox_id: str, cause: Exception) -> None:
+        current = await self.backend.get(sandbox_id)
+        if current is None or current.status == "failed":
+            await self._gone(sandbox_id, current, cause)
+
+    async def _gone(self, sandbox_id: str, current: SandboxRecord | None, cause: Exception | None = None):
+        await self.agents.forget(sandbox_id)
+        record = await self.store.get_sandbox(sandbox_id)
+        if record is None or record.status in ("deleting", "deleted"):
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}") from cause
+        reason = (current.error if current else None) or "its backend resource no longer exists"
+        await self.mark_failed(sandbox_id, reason)
+        raise SandboxFailed(f"sandbox {sandbox_id} is dead: {reason}") from cause
+
+    async def aclose(self) -> None:
+        for task in list(self._watchers.values()):
+            task.cancel()
+        await asyncio.gather(*self._watchers.values(), return_exceptions=True)
+        await self.agents.aclose()

@@ -1,0 +1,130 @@
+"""Several orchestrator replicas over one real Redis: shared records, jobs, locks and
+events; a replica killed mid-exec loses nothing, and a restarted one picks up again."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import pytest
+from service_helpers import Orchestrator, RedisServer, remove_all_sandboxes, short_root
+
+from conftest import marked_pids, wait_until
+
+pytest.importorskip("redis")
+if shutil.which("redis-server") is None:
+    pytest.skip("redis-server is not installed (bash scripts/setup_system.sh)", allow_module_level=True)
+
+FAST = {"reconcile_interval": 0.3, "replica_ttl": 1.0, "lock_ttl": 1.0}
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def replicas(redis_server, tmp_path_factory):
+    """Two replicas sharing one Redis and one local backend root."""
+    root = short_root("rds")
+    logs = tmp_path_factory.mktemp("replica-logs")
+    a = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-a", **FAST)
+    b = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-b", **FAST)
+    yield a, b
+    a.stop()
+    b.stop()
+    remove_all_sandboxes(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_created_through_one_replica_used_and_deleted_through_the_other(replicas):
+    a, b = replicas
+    with a.client() as on_a, b.client() as on_b:
+        box = on_a.create_sandbox(sandbox_id="shared-one", labels={"who": "a"})
+        same = on_b.get_sandbox("shared-one")
+        assert same.status == "running" and same.record.labels == {"who": "a"}
+        assert same.exec("echo via-b").stdout == "via-b\n"
+        same.upload_content(b"payload", "f.bin")
+        assert box.download_content("f.bin") == b"payload"  # written through b, read through a
+        assert "shared-one" in {r.sandbox_id for r in on_a.list_sandboxes()}
+        assert "shared-one" in {r.sandbox_id for r in on_b.list_sandboxes()}
+        on_b.delete_sandbox("shared-one")
+        with a.http() as http:
+            assert http.get("/sandboxes/shared-one").status_code == 404
+        assert wait_until(lambda: not marked_pids("ORCHARD_SANDBOX=shared-one"), 5)
+
+
+def test_waits_are_woken_across_replicas(replicas):
+    a, b = replicas
+    with a.http() as ha, b.http() as hb:
+        sid = ha.post("/sandboxes", json={}).json()["sandbox_id"]
+        assert hb.get(f"/sandboxes/{sid}/wait", params={"timeout": 30}).json()["status"] == "running"
+        job = ha.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 0.5; echo hi"}).json()
+        started = time.monotonic()
+        done = hb.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 10}).json()
+        assert done["stdout"] == "hi\n" and time.monotonic() - started < 1.5
+        ha.delete(f"/sandboxes/{sid}")
+
+
+def test_execs_on_one_sandbox_are_serialised_across_replicas(replicas):
+    a, b = replicas
+    with a.http() as ha, b.http() as hb:
+        sid = ha.post("/sandboxes", json={}).json()["sandbox_id"]
+        ha.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
+        cmd = "date +%s.%N; sleep 0.4; date +%s.%N"
+        jobs = [h.post(f"/sandboxes/{sid}/exec", json={"command": cmd}).json()["job_id"] for h in (ha, hb, ha, hb)]
+        spans = sorted(tuple(map(float, ha.get(f"/jobs/{j}/wait", params={"timeout": 20}).json()["stdout"].split()))
+                       for j in jobs)
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
+        hb.delete(f"/sandboxes/{sid}")
+
+
+def test_replica_killed_mid_exec_loses_no_record_and_restarts(replicas):
+    a, b = replicas
+    with a.http() as ha:
+        sid = ha.post("/sandboxes", json={"sandbox_id": "mid-exec"}).json()["sandbox_id"]
+        ha.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
+        job = ha.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 1; echo finished > out.txt"}).json()
+        time.sleep(0.2)  # the command is running on replica a
+    a.kill()  # SIGKILL mid-exec
+    try:
+        with b.http() as hb:
+            record = hb.get(f"/sandboxes/{sid}")
+            assert record.status_code == 200 and record.json()["status"] == "running"
+            # the job's replica is gone: the reconciler on b fails it instead of leaving it "running"
+            failed = hb.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 10}).json()
+            assert failed["status"] == "failed" and "replica-a" in failed["error"]
+            # the lock a held expires; the sandbox takes commands through b
+            again = hb.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 1; cat out.txt", "wait": True}).json()
+            assert again["stdout"] == "finished\n"  # the command itself ran to its end in the sandbox
+    finally:
+        a.start()  # same replica id, same Redis: it picks its sandboxes back up
+    with a.http() as ha:
+        assert ha.get(f"/sandboxes/{sid}").json()["status"] == "running"
+        assert ha.post(f"/sandboxes/{sid}/exec", json={"command": "echo back", "wait": True}).json()["stdout"] == "back\n"
+        assert ha.delete(f"/sandboxes/{sid}").json()["status"] == "deleted"
+
+
+def test_sdk_exec_survives_concurrent_use_from_both_replicas(replicas):
+    a, b = replicas
+    errors = []
+    with a.client() as on_a, b.client() as on_b:
+        box = on_a.create_sandbox()
+        twin = on_b.get_sandbox(box.sandbox_id)
+
+        def hammer(handle, tag):
+            try:
+                for i in range(10):
+                    assert handle.exec(f"echo {tag}{i}").stdout == f"{tag}{i}\n"
+            except Exception as e:  # pragma: no cover - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=hammer, args=(h, t)) for h, t in ((box, "a"), (twin, "b"))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not errors, errors
