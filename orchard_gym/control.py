@@ -102,6 +102,8 @@ class InProcessControl(SandboxControl):
             record = await self._record(sandbox_id)
             if record.status == "failed":
                 raise SandboxFailed(f"sandbox {sandbox_id} has failed: {record.error}")
+            if record.endpoint is None:  # no address yet (a pod not yet scheduled): wait for it
+                record = await self.backend.wait_ready(record, self.retry.deadline + 90)
             agent = self._agents[sandbox_id] = AgentClient(record.endpoint, self.retry)
         return agent
 

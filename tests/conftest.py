@@ -145,7 +145,7 @@ def conformance_params():
     for name, image in DOCKER_IMAGES.items():
         params.append(pytest.param({"config": {"type": "kubernetes"}, "image": image, "host_address": gateway,
                                     "fake_k8s": True}, id=f"kubernetes-{name}",
-                                   marks=[pytest.mark.docker, pytest.mark.kubernetes,
+                                   marks=[pytest.mark.kubernetes,  # needs Podman too (see the skip reason)
                                           pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")]))
     # a real cluster, for scripts/e2e_k8s.sh: ORCHARD_K8S_E2E='{"kubeconfig": ..., "namespace": ...}'
     if os.environ.get("ORCHARD_K8S_E2E"):

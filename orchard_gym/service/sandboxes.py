@@ -197,9 +197,7 @@ class SandboxManager:
     # ------------------------------------------------------------------ agent calls
     async def call(self, sandbox_id: str, method: str, *args):
         """Call the sandbox's agent; when it cannot be reached, say whether the sandbox died."""
-        agent = await self.agents.get(sandbox_id)
-        if agent is None:
-            await self._gone(sandbox_id, None)
+        agent = await self.agents.get(sandbox_id) or await self._agent_when_ready(sandbox_id)
         try:
             return await getattr(agent, method)(*args)
         except AgentUnavailable as e:
@@ -207,15 +205,26 @@ class SandboxManager:
             raise
 
     async def stream(self, sandbox_id: str, req) -> AsyncIterator[ExecEvent]:
-        agent = await self.agents.get(sandbox_id)
-        if agent is None:
-            await self._gone(sandbox_id, None)
+        agent = await self.agents.get(sandbox_id) or await self._agent_when_ready(sandbox_id)
         try:
             async for event in agent.exec_stream(req):
                 yield event
         except AgentUnavailable as e:
             await self._raise_if_dead(sandbox_id, e)
             raise
+
+    async def _agent_when_ready(self, sandbox_id: str):
+        """No agent address yet: a pending sandbox (kubernetes: a pod not yet scheduled) is waited
+        for until its ready deadline; anything else is gone."""
+        record = await self.store.get_sandbox(sandbox_id)
+        current = await self.backend.get(sandbox_id) if record is not None and record.status == "pending" else None
+        if current is not None and current.status == "pending":
+            left = max(1.0, record.details.get("ready_deadline", time.time()) - time.time())
+            await self.wait_ready(sandbox_id, left)
+            agent = await self.agents.get(sandbox_id)
+            if agent is not None:
+                return agent
+        await self._gone(sandbox_id, None)
 
     async def _raise_if_dead(self, sandbox_id: str, cause: Exception) -> None:
         current = await self.backend.get(sandbox_id)

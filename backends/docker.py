@@ -1,0 +1,411 @@
+"""The docker backend: a sandbox is a container of the task's own image, with the agent
+injected into it. Works against Docker Engine and Podman's Docker-compatible API.
+
+Injection (no task image is ever rebuilt, and it needs no Python in it):
+
+1. a volume `PREFIX-ID` is created;
+2. an init container from the injector image (`scripts/build_injector_image.sh`) copies
+   the self-contained agent bundle (its own loader, libc and Python; see
+   docs/agent_bundle.md) into it;
+3. the task container starts from the task image with the volume mounted read-only at
+   /opt/orchard-agent and the bundle's loader as its entrypoint, so the image's own
+   entrypoint never runs. `init=True` puts a tiny init at PID 1 that reaps zombies;
+   the agent's token and `ORCHARD_SANDBOX=<id>` travel in the container's environment.
+
+How a blocked sandbox (`block_network=True`, the default) stays reachable: it joins an
+*internal* network (`network`, created on first use), which has no route out of the
+host, and the host reaches the agent at the container's IP on that network's bridge
+(reach="ip"). We do not use a published loopback port for it because neither Podman
+(netavark, checked with 4.3 here) nor Docker forward published ports into internal
+networks: the port is allocated but connections to it time out. A network mode of
+"none" would leave nothing to reach from the host at all. So reach="port" (a published
+127.0.0.1 port, for engines whose container IPs the client cannot route to, such as
+Docker Desktop) works only with `block_network=False`.
+
+What an internal network still allows: the sandbox can reach the host itself at the
+network's gateway address (`details["host_address"]`, e.g. 10.89.0.1) and the other
+blocked sandboxes on it. That is deliberate, a harness in a blocked sandbox reaches a
+recording proxy on the host that way; bind host services that must stay private to
+127.0.0.1 (see docs/backends.md for a firewall rule that closes it).
+
+Ownership: every container and volume is labelled `PREFIX.owner=host:boot:pid:start`,
+the creating process's identity; `sweep()` removes what owners on this host that are
+gone (process exited, or the machine rebooted) left behind. Owners on other hosts are
+never judged.
+
+The docker SDK is blocking; every call runs on a fresh thread (like `run_in_thread`,
+so that exit clean-up still works), at most `workers` at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+
+from orchard_gym._loop import run_in_thread
+from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+
+from . import procs
+from .base import Backend, new_sandbox_id, new_token
+from .config import DockerBackendConfig
+
+try:
+    import docker
+    import requests
+    from docker import errors as derr
+except ImportError:  # pragma: no cover - the extra is missing
+    docker = None
+
+log = logging.getLogger(__name__)
+
+PODMAN_SOCKET = "/run/podman/podman.sock"
+AGENT_DIR = "/opt/orchard-agent"
+# docs/agent_bundle.md: run the bundle's loader explicitly, so the image needs no glibc
+LOADER = f"{AGENT_DIR}/lib/ld-linux-x86-64.so.2"
+AGENT_ARGS = ["--library-path", f"{AGENT_DIR}/lib", f"{AGENT_DIR}/bin/python3", "-I", "-S", "-B",
+              f"{AGENT_DIR}/agent.py"]
+DEFAULT_WORKDIR = "/workspace"
+
+
+def default_base_url() -> str:
+    """$DOCKER_HOST, else Podman's rootful socket if present, else Docker's default."""
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    if os.path.exists(PODMAN_SOCKET):
+        return f"unix://{PODMAN_SOCKET}"
+    return "unix:///var/run/docker.sock"
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()[:8]
+    except OSError:
+        return "-"
+
+
+def owner_identity(pid: int | None = None) -> str:
+    """host:boot:pid:start of a process; the boot id tells a reboot from a live owner."""
+    ident = procs.identity(pid or os.getpid())
+    return f"{socket.gethostname()}:{_boot_id()}:{ident['pid']}:{ident['start']}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True only when we can tell: an owner on this host whose process is dead."""
+    parts = owner.split(":")
+    if len(parts) != 4 or parts[0] != socket.gethostname():
+        return False
+    if parts[1] != _boot_id():
+        return True
+    try:
+        pid = int(parts[2])
+    except ValueError:
+        return False
+    return not procs.alive({"pid": pid, "start": None if parts[3] == "None" else parts[3]})
+
+
+class DockerBackend(Backend):
+    name = "docker"
+
+    def __init__(self, config: DockerBackendConfig | None = None):
+        if docker is None:
+            raise BackendError("the docker backend needs the docker SDK: pip install 'orchard-gym[docker]'")
+        self.config = config or DockerBackendConfig()
+        self.base_url = self.config.base_url or default_base_url()
+        p = self.config.label_prefix
+        self.owner_label, self.sandbox_label, self.role_label = f"{p}.owner", f"{p}.sandbox", f"{p}.role"
+        self.spec_label, self.user_label = f"{p}.spec", f"{p}.label."
+        self.owner = owner_identity()
+        self._slots = threading.BoundedSemaphore(self.config.workers)
+        self._network_ok = False
+        try:
+            if self.config.base_url is None and os.environ.get("DOCKER_HOST"):  # honours DOCKER_TLS_* too
+                self.client = docker.from_env(timeout=self.config.api_timeout, max_pool_size=self.config.workers)
+            else:
+                self.client = docker.DockerClient(base_url=self.base_url, timeout=self.config.api_timeout,
+                                                  max_pool_size=self.config.workers)
+            version = self.client.version()
+        except Exception as e:
+            raise BackendError(f"cannot reach the container engine at {self.base_url} ({e}); for Podman "
+                               f"run `scripts/podman_service.sh start`") from None
+        self.api = self.client.api  # the low-level client: one engine call per method, no hidden inspects
+        names = [c.get("Name", "") for c in version.get("Components") or []]
+        self.engine = f"{names[0] if names else 'Docker Engine'} {version.get('Version', '?')}"
+        try:
+            self.swept = self._sweep()  # what crashed clients left behind
+        except Exception as e:  # never fail start-up over someone else's leftovers
+            log.warning("docker backend: sweep at start-up failed: %s", e)
+            self.swept = []
+
+    def _name(self, sandbox_id: str) -> str:
+        return f"{self.config.label_prefix}-{sandbox_id}"
+
+    async def _run(self, fn, *args):
+        """A blocking SDK call on its own thread, at most `workers` at once."""
+        def bounded():
+            with self._slots:
+                try:
+                    return fn(*args)
+                except (derr.DockerException, requests.RequestException) as e:  # anything not handled below
+                    detail = getattr(e, "explanation", None) or e
+                    raise BackendError(f"container engine at {self.base_url}: {detail}") from None
+        return await run_in_thread(bounded)
+
+    # ------------------------------------------------------------------ images
+    def _ensure_image(self, image: str, hint: str = "") -> dict:
+        """The image's inspect data; pulls it once if the policy allows, else ImageNotFound."""
+        try:
+            return self.api.inspect_image(image)
+        except derr.ImageNotFound:
+            pass
+        except derr.APIError as e:
+            raise BackendError(f"cannot inspect image {image!r}: {e.explanation or e}") from None
+        where = f"on the engine at {self.base_url}"
+        if self.config.pull == "never":
+            raise ImageNotFound(f"image {image!r} is not {where} and pull policy is 'never'{hint}")
+        repo, tag = docker.utils.parse_repository_tag(image)
+        try:
+            self.api.pull(repo, tag=tag or "latest")
+            return self.api.inspect_image(image)
+        except Exception as e:
+            detail = getattr(e, "explanation", None) or e
+            raise ImageNotFound(f"image {image!r} is not {where} and pulling it failed: {detail}{hint}") from None
+
+    # ------------------------------------------------------------------ network
+    def _ensure_network(self) -> None:
+        """The internal network for blocked sandboxes, created once; never a routed one."""
+        if self._network_ok:
+            return
+        name = self.config.network
+        try:
+            net = self.api.inspect_network(name)
+        except derr.NotFound:
+            try:
+                self.api.create_network(name, internal=True, labels={f"{self.config.label_prefix}.managed": "1"})
+            except derr.APIError as e:  # fine if another process created it just now
+                log.debug("creating network %s: %s", name, e)
+            try:
+                net = self.api.inspect_network(name)
+            except derr.NotFound:
+                raise BackendError(f"cannot create network {name!r}") from None
+        if not net.get("Internal"):
+            raise BackendError(f"network {name!r} exists but is not internal: blocked sandboxes would have "
+                               f"network access; remove it or set `network` to another name")
+        self._network_ok = True
+
+    # ------------------------------------------------------------------ create
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        if self.config.reach == "port" and spec.block_network:
+            raise InvalidRequest("reach='port' needs block_network=False: engines publish no ports on internal "
+                                 "networks; use reach='ip' for blocked sandboxes")
+        return await self._run(self._create, spec)
+
+    def _create(self, spec: SandboxSpec) -> SandboxRecord:
+        cfg = self.config
+        sandbox_id = spec.sandbox_id or new_sandbox_id()
+        name = self._name(sandbox_id)
+        image = spec.image or cfg.default_image
+        try:
+            self.api.inspect_container(name)
+            raise InvalidRequest(f"sandbox {sandbox_id} already exists")
+        except derr.NotFound:
+            pass
+        image_info = self._ensure_image(image)
+        self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
+        if spec.block_network:
+            self._ensure_network()
+        workdir = cfg.workdir or (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
+        token = new_token()
+        ours = {self.owner_label: self.owner, self.sandbox_label: sandbox_id}
+        meta = {"image": image, "block_network": spec.block_network, "cpu": spec.cpu, "memory": spec.memory,
+                "env": spec.env, "created_at": time.time()}
+        labels = {**ours, self.role_label: "sandbox", self.spec_label: json.dumps(meta),
+                  **{self.user_label + k: v for k, v in spec.labels.items()}}
+        try:
+            self.api.create_volume(name, labels=ours)
+            host_config = self.api.create_host_config(
+                init=True,  # reaps zombies; the agent is not PID 1
+                mounts=[docker.types.Mount(AGENT_DIR, name, type="volume", read_only=True)],
+                nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
+                mem_limit=spec.memory_bytes,
+                memswap_limit=spec.memory_bytes,  # no swap beyond the limit: it is a real cap
+                network_mode=cfg.network if spec.block_network else cfg.open_network,
+                port_bindings={cfg.agent_port: ("127.0.0.1", None)} if cfg.reach == "port" else None,
+            )
+            try:
+                self.api.create_container(
+                    image, name=name, hostname=sandbox_id, entrypoint=[LOADER], working_dir=workdir,
+                    command=AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", workdir,
+                                          "--max-output", str(cfg.max_output)],
+                    environment={**spec.env, "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id},
+                    labels=labels, host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
+                )
+            except derr.APIError as e:
+                if e.status_code == 409:  # lost a race for the name: the volume is the winner's
+                    raise _NameTaken from None
+                raise
+            self._inject(name, ours)  # only once the name is ours: never rewrite a winner's bundle
+            self.api.start(name)
+            return self._record(self.api.inspect_container(name))
+        except _NameTaken:
+            raise InvalidRequest(f"sandbox {sandbox_id} already exists") from None
+        except BaseException as e:
+            self._destroy(name)
+            self._network_ok = False  # check the network again next time (someone may have pruned it)
+            if isinstance(e, derr.APIError):
+                kind = InvalidRequest if e.is_client_error() else BackendError
+                raise kind(f"the engine refused sandbox {sandbox_id}: {e.explanation or e}") from None
+            if isinstance(e, Exception) and not isinstance(e, OrchardError):
+                raise BackendError(f"cannot start sandbox {sandbox_id}: {e}") from None
+            raise
+
+    def _inject(self, volume: str, labels: dict) -> None:
+        """Run the injector image once to copy the agent bundle into the volume."""
+        host_config = self.api.create_host_config(network_mode="none",
+                                                  mounts=[docker.types.Mount("/agent", volume, type="volume")])
+        ctr = self.api.create_container(self.config.injector_image, name=f"{volume}-inject",
+                                        labels={**labels, self.role_label: "injector"}, host_config=host_config)
+        try:
+            self.api.start(ctr)
+            code = self.api.wait(ctr, timeout=self.config.api_timeout).get("StatusCode")
+            if code != 0:
+                tail = self.api.logs(ctr, tail=20).decode("utf-8", "replace").strip()
+                raise BackendError(f"agent injection into {volume} failed (exit {code}): {tail}")
+        finally:
+            self.api.remove_container(ctr, force=True)
+
+    # ------------------------------------------------------------------ query
+    def _record(self, attrs: dict, with_logs: bool = False) -> SandboxRecord:
+        cfg, config, state = self.config, attrs.get("Config") or {}, attrs.get("State") or {}
+        labels = config.get("Labels") or {}
+        meta = json.loads(labels.get(self.spec_label) or "{}")
+        env = dict(e.split("=", 1) for e in config.get("Env") or [] if "=" in e)
+        status = {"created": "pending", "running": "running", "paused": "running", "restarting": "pending",
+                  "removing": "deleting"}.get(state.get("Status"), "failed")
+        error = None
+        if status == "failed":
+            error = f"container {state.get('Status')} with code {state.get('ExitCode')}"
+            if state.get("OOMKilled"):
+                error += " (killed for memory)"
+            if state.get("Error"):
+                error += f": {state['Error']}"
+            if with_logs:
+                try:
+                    tail = self.api.logs(attrs["Id"], tail=20).decode("utf-8", "replace").strip()
+                except Exception:
+                    tail = ""
+                error += f"; log tail: {tail[-600:]}" if tail else ""
+        net = next(iter(((attrs.get("NetworkSettings") or {}).get("Networks") or {}).values()), None) or {}
+        if cfg.reach == "port":
+            bound = ((attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{cfg.agent_port}/tcp") or []
+            base_url = f"http://127.0.0.1:{bound[0]['HostPort']}" if bound else None
+        else:
+            base_url = f"http://{net['IPAddress']}:{cfg.agent_port}" if net.get("IPAddress") else None
+        endpoint = AgentEndpoint(base_url=base_url, token=env.get("ORCHARD_AGENT_TOKEN", "")) if base_url else None
+        return SandboxRecord(
+            sandbox_id=labels[self.sandbox_label],
+            image=meta.get("image", config.get("Image")),
+            status=status,
+            backend=self.name,
+            block_network=meta.get("block_network", True),
+            cpu=meta.get("cpu"),
+            memory=meta.get("memory"),
+            env=meta.get("env", {}),
+            labels={k[len(self.user_label):]: v for k, v in labels.items() if k.startswith(self.user_label)},
+            workdir=config.get("WorkingDir"),
+            created_at=meta.get("created_at", time.time()),
+            error=error,
+            endpoint=endpoint,
+            details={"container": attrs.get("Name", "").lstrip("/"), "container_id": attrs.get("Id"),
+                     "ip": net.get("IPAddress"), "host_address": net.get("Gateway"),
+                     "owner": labels.get(self.owner_label), "engine": self.engine},
+        )
+
+    def _inspect(self, sandbox_id: str) -> dict | None:
+        try:
+            attrs = self.api.inspect_container(self._name(sandbox_id))
+        except derr.NotFound:
+            return None
+        labels = (attrs.get("Config") or {}).get("Labels") or {}
+        return attrs if labels.get(self.role_label) == "sandbox" else None
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        def get():
+            attrs = self._inspect(sandbox_id)
+            return self._record(attrs, with_logs=True) if attrs else None
+        return await self._run(get)
+
+    async def is_alive(self, sandbox_id: str) -> bool:  # polled by wait_ready: no log fetch
+        attrs = await self._run(self._inspect, sandbox_id)
+        return attrs is not None and (attrs.get("State") or {}).get("Status") in ("created", "running", "paused")
+
+    async def list(self) -> list[SandboxRecord]:
+        """This process's sandboxes (the owner label), like the local backend's root."""
+        def list_():
+            filters = {"label": [f"{self.owner_label}={self.owner}", f"{self.role_label}=sandbox"]}
+            out = []
+            for summary in self.api.containers(all=True, filters=filters):
+                try:
+                    out.append(self._record(self.api.inspect_container(summary["Id"])))
+                except derr.NotFound:  # deleted meanwhile
+                    continue
+            return sorted(out, key=lambda r: r.created_at)
+        return await self._run(list_)
+
+    def resources(self) -> dict:
+        return {"backend": self.name, "engine": self.engine, "base_url": self.base_url,
+                "network": self.config.network, "reach": self.config.reach, "owner": self.owner}
+
+    # ------------------------------------------------------------------ delete
+    async def delete(self, sandbox_id: str) -> bool:
+        return await self._run(self._destroy, self._name(sandbox_id))
+
+    def _destroy(self, name: str) -> bool:
+        """Kill and remove the container (all its processes die with it), then its volume."""
+        found = False
+        for remove in (lambda: self.api.remove_container(name, force=True),
+                       lambda: self.api.remove_container(f"{name}-inject", force=True),
+                       lambda: self.api.remove_volume(name, force=True)):
+            try:
+                remove()
+                found = True
+            except derr.NotFound:
+                pass
+        return found
+
+    def _sweep(self) -> list[str]:
+        """Remove containers and volumes whose owner on this host is gone."""
+        mine = {"label": [self.owner_label]}
+        removed = set()
+        for summary in self.api.containers(all=True, filters=mine):
+            labels = summary.get("Labels") or {}
+            if owner_gone(labels.get(self.owner_label, "")):
+                try:
+                    self.api.remove_container(summary["Id"], force=True)
+                except derr.NotFound:
+                    pass
+                removed.add(labels.get(self.sandbox_label, summary["Id"][:12]))
+        for volume in self.api.volumes(filters=mine).get("Volumes") or []:
+            labels = volume.get("Labels") or {}
+            if owner_gone(labels.get(self.owner_label, "")):
+                try:
+                    self.api.remove_volume(volume["Name"], force=True)
+                    removed.add(labels.get(self.sandbox_label, volume["Name"]))
+                except derr.APIError as e:  # in use by a container we did not remove
+                    log.warning("docker backend: cannot remove volume %s: %s", volume["Name"], e)
+        return sorted(removed)
+
+    async def sweep(self) -> list[str]:
+        return await self._run(self._sweep)
+
+    async def aclose(self) -> None:
+        await self._run(self.client.close)
+
+
+class _NameTaken(Exception):
+    """Another create won the container name."""

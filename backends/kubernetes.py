@@ -1,0 +1,1153 @@
+"""The kubernetes backend: a sandbox is a pod of the task's own image with the agent injected
+into it; commands go straight to the pod IP, never through the API server.
+
+The pod (`pod_manifest()`; every field is validated against the Kubernetes schema in
+tests/test_kubernetes_backend.py):
+
+- an init container from `injector_image` copies the self-contained agent bundle (its own
+  loader, libc and Python; docs/agent_bundle.md) into an `emptyDir`;
+- the task container runs the task image with that volume mounted read-only at
+  /opt/orchard-agent and the bundle's loader as its command, so the image's entrypoint
+  never runs and the image needs neither Python nor glibc;
+- startup and readiness probes GET the agent's /health; CPU/memory requests and limits;
+  `restartPolicy: Never` (a sandbox whose agent died has lost its state: it is failed, not
+  restarted); `shareProcessNamespace` puts the pause process at PID 1, which reaps the
+  zombies of double-forked commands; `automountServiceAccountToken: false` and
+  `enableServiceLinks: false` keep cluster credentials and service addresses out of it;
+- the per-sandbox agent token lives in a Secret of the same name that the pod reads into
+  its environment (`token_source="secret"`, the default), or in the pod spec itself
+  (`token_source="env"`). The Secret costs one more API write per sandbox (and one
+  ownerReferences patch, off the critical path, so the cluster's garbage collector removes
+  it with the pod), but the token is then not readable by whoever may read pods, is not
+  shown by `kubectl describe/get -o yaml` of the pod, can be encrypted at rest, and RBAC
+  can grant pods and secrets separately. `env` is one write less per create;
+- labels `PREFIX/role=sandbox`, `PREFIX/sandbox=ID`, `PREFIX/owner=OWNER`; the spec the
+  sandbox was created from and the owner's identity in annotations.
+
+Network: a deny-egress NetworkPolicy (`PREFIX-deny-egress`) selecting every sandbox pod
+of the namespace is created once; a sandbox with `block_network=False` gets an allowing
+policy of its own (`PREFIX-ID-egress`); `egress_allow` adds one policy letting every
+sandbox reach the given addresses (e.g. a recording proxy) and nothing else. Policies are
+only enforced by CNIs that implement them (Calico, Cilium, k3s' kube-router; not kindnet
+or flannel alone): see docs/kubernetes.md.
+
+Watching (`PodWatcher`): one LIST + WATCH of this owner's sandbox pods per backend, in a
+thread, with resourceVersion tracking, bookmarks, a re-list on 410 Gone and reconnects
+with backoff. It caches every pod (phase, IP, readiness), wakes the coroutines waiting for
+a sandbox the moment its pod changes (no per-sandbox polling), and reports pods that
+failed, were evicted or were deleted by someone else to `on_lost()` subscribers (the
+orchestrator's reconciler marks them failed at once); `get()` reports those as failed.
+
+Control-plane calls are blocking (the official client is sync): each runs on its own
+thread, at most `workers` at once, and is retried with exponential backoff and jitter on
+429 (honouring Retry-After), 5xx and broken connections; a create retried after a broken
+connection recognises its own object by a nonce annotation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import inspect
+import json
+import logging
+import os
+import random
+import re
+import socket
+import threading
+import time
+from collections import Counter, OrderedDict
+from datetime import datetime, timezone
+
+from orchard_gym._loop import run_in_thread
+from orchard_gym.agent_client import AgentClient
+from orchard_gym.errors import (
+    BackendError,
+    ImageNotFound,
+    InvalidRequest,
+    OrchardError,
+    SandboxFailed,
+    SandboxTimeout,
+)
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
+
+from .base import Backend, new_sandbox_id, new_token
+from .config import KubernetesBackendConfig
+from .docker import AGENT_ARGS, AGENT_DIR, LOADER, owner_gone, owner_identity
+
+try:
+    import kubernetes
+    import urllib3
+    from kubernetes.client.rest import ApiException
+    from kubernetes.watch.watch import iter_resp_lines
+except ImportError:  # pragma: no cover - the extra is missing
+    kubernetes = None
+
+log = logging.getLogger(__name__)
+
+AGENT_VOLUME = "orchard-agent"
+TASK_CONTAINER = "sandbox"
+INJECT_CONTAINER = "inject-agent"
+IMAGE_ERRORS = {"ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "ImageInspectError",
+                "RegistryUnavailable"}
+FATAL_WAITING = {"CreateContainerError", "CrashLoopBackOff", "RunContainerError", "PreCreateHookError",
+                 "PostStartHookError"}
+RESTRICTED_UID = 65532
+TOMBSTONES = 10_000  # failed sandboxes whose pods are gone, remembered until deleted (at most)
+
+
+# --------------------------------------------------------------------------- pod status
+def _conditions(pod: dict) -> dict[str, dict]:
+    return {c.get("type"): c for c in (pod.get("status") or {}).get("conditions") or []}
+
+
+def pod_status(pod: dict) -> tuple[str, str | None, str | None]:
+    """(status, error, kind) of a sandbox from its pod: status is pending/running/failed/
+    deleting; kind is "image" when the image cannot be pulled."""
+    meta, st = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return "deleting", None, None
+    phase = st.get("phase") or "Pending"
+    inits, mains = st.get("initContainerStatuses") or [], st.get("containerStatuses") or []
+    for cs in inits + mains:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in IMAGE_ERRORS:
+            return "failed", (f"image {cs.get('image')!r} of container {cs.get('name')} cannot be pulled "
+                              f"({reason}: {waiting.get('message', '')})"), "image"
+        if reason in FATAL_WAITING:
+            return "failed", f"container {cs.get('name')}: {reason}: {waiting.get('message', '')}", None
+    if phase in ("Failed", "Succeeded"):
+        parts = [f"pod {phase.lower()}"]
+        if st.get("reason"):
+            parts.append(f"{st['reason']}: {st.get('message', '')}".rstrip(": "))
+        for cs in inits + mains:
+            term = (cs.get("state") or {}).get("terminated")
+            if term and (term.get("exitCode") or cs in mains):
+                parts.append(_terminated(cs.get("name"), term))
+        return "failed", "; ".join(parts), None
+    for cs in inits:
+        term = (cs.get("state") or {}).get("terminated")
+        if term and term.get("exitCode"):
+            return "failed", "agent injection failed: " + _terminated(cs.get("name"), term), None
+    for cs in mains:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return "failed", _terminated(cs.get("name"), term), None
+    if phase == "Running":
+        ready = _conditions(pod).get("Ready", {}).get("status") == "True"
+        started = any(cs.get("started") for cs in mains)
+        if ready or started:
+            return "running", None, None
+    return "pending", None, None
+
+
+def _terminated(name: str | None, term: dict) -> str:
+    text = f"container {name} terminated: {term.get('reason') or 'exited'} (exit code {term.get('exitCode')})"
+    if term.get("reason") == "OOMKilled":
+        text += " (killed for memory)"
+    if term.get("message"):
+        text += f": {term['message'].strip()[-400:]}"
+    return text
+
+
+def pod_is_ready(pod: dict) -> bool:
+    return (_conditions(pod).get("Ready", {}).get("status") == "True"
+            and bool((pod.get("status") or {}).get("podIP")) and not pod["metadata"].get("deletionTimestamp"))
+
+
+def pod_summary(pod: dict | None) -> str:
+    """What a pod is waiting for, in one line (for timeouts)."""
+    if pod is None:
+        return "its pod is not known yet"
+    st = pod.get("status") or {}
+    parts = [f"phase {st.get('phase', 'Pending')}"]
+    for ctype, c in _conditions(pod).items():
+        if c.get("status") != "True" and (c.get("reason") or c.get("message")):
+            parts.append(f"{ctype}: {c.get('reason', '')} {c.get('message', '')}".strip())
+    for cs in (st.get("initContainerStatuses") or []) + (st.get("containerStatuses") or []):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting:
+            parts.append(f"{cs.get('name')} waiting: {waiting.get('reason', '')} {waiting.get('message', '')}".strip())
+    return "; ".join(parts)
+
+
+def _api_message(e: ApiException) -> str:
+    try:
+        return json.loads(e.body).get("message") or e.reason
+    except (TypeError, ValueError, AttributeError):
+        return str(e.reason or e.body or e)
+
+
+def _quantity_cpu(cores: float) -> str:
+    return f"{max(1, round(cores * 1000))}m"
+
+
+# --------------------------------------------------------------------------- watcher
+class PodWatcher:
+    """One LIST + WATCH of the sandbox pods selected by `selector` in `namespace`.
+
+    Runs in a thread (the client is sync) and keeps `pods` (sandbox id -> pod dict) in step
+    with the cluster. Every change wakes the asyncio waiters of that sandbox on their own
+    loops (call_soon_threadsafe); failures and deletions that orchard-gym did not ask for
+    go to the `on_lost` listeners as (sandbox_id, reason).
+    """
+
+    def __init__(self, backend: KubernetesBackend, selector: str):
+        self.backend = backend
+        self.selector = selector
+        self.sandbox_label = backend.sandbox_label
+        self.lock = threading.Lock()
+        self.pods: dict[str, dict] = {}
+        self.tombstones: OrderedDict[str, str] = OrderedDict()  # sandbox id -> why (pod gone, not by us)
+        self.resource_version: str | None = None
+        self.synced = threading.Event()
+        self.stats: Counter = Counter()
+        self._forgotten: OrderedDict[str, None] = OrderedDict()  # uids we deleted: their events are old news
+        self._dead: OrderedDict[str, None] = OrderedDict()  # uids seen DELETED
+        self._deleting: Counter = Counter()  # sandbox ids with a delete() in flight
+        self._reported: OrderedDict[str, None] = OrderedDict()  # uids already reported lost
+        self._waiters: dict[str, list] = {}
+        self._listeners: list[tuple[asyncio.AbstractEventLoop | None, object]] = []
+        self._stop = threading.Event()
+        self._resp = None
+        self._fresh_list = False
+        self.last_error: str | None = None
+        self._thread = threading.Thread(target=self._run, name=f"orchard-k8s-watch-{backend.namespace}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        backoff, first = 0.1, True
+        while not self._stop.is_set():
+            try:
+                if self.resource_version is None:
+                    self._relist()
+                    if first:
+                        first = False
+                        self.backend._after_first_sync()
+                self._watch_once()
+                backoff = 0.1
+            except _Gone as e:
+                self.stats["gone"] += 1
+                log.info("kubernetes watch: %s; listing again", e)
+                self.resource_version = None
+            except Exception as e:
+                if self._stop.is_set():
+                    break
+                self.stats["errors"] += 1
+                self.last_error = f"{type(e).__name__}: {e}"
+                delay = backoff * (0.5 + random.random())
+                retry_after = _retry_after(e)
+                if retry_after is not None:
+                    delay = max(delay, retry_after)
+                log.warning("kubernetes watch of %s failed (%s); again in %.1fs", self.backend.namespace,
+                            self.last_error, delay)
+                self._stop.wait(delay)
+                backoff = min(backoff * 2, 30.0)
+
+    def _relist(self) -> None:
+        b = self.backend
+        data = b._call(b.core.list_namespaced_pod, b.namespace, label_selector=self.selector)
+        self.stats["lists"] += 1
+        items = {p["metadata"]["labels"][self.sandbox_label]: p for p in data.get("items") or []
+                 if self.sandbox_label in (p["metadata"].get("labels") or {})}
+        with self.lock:
+            before = dict(self.pods)
+        # what changed while we were not watching, as the events we missed
+        for sid, pod in before.items():
+            if sid not in items or items[sid]["metadata"]["uid"] != pod["metadata"]["uid"]:
+                self._apply("DELETED", pod)
+        for pod in items.values():
+            self._apply("MODIFIED", pod)
+        self.resource_version = data["metadata"]["resourceVersion"]
+        self._fresh_list = True
+        self.synced.set()
+
+    def _watch_once(self) -> None:
+        b = self.backend
+        self.stats["watches"] += 1
+        if not self._fresh_list:
+            self.stats["resumes"] += 1  # from the last resourceVersion we saw, no list in between
+        self._fresh_list = False
+        timeout = b.config.watch_timeout
+        try:
+            resp = b.core.list_namespaced_pod(
+                b.namespace, label_selector=self.selector, watch=True, resource_version=self.resource_version,
+                allow_watch_bookmarks=True, timeout_seconds=timeout, _preload_content=False,
+                _request_timeout=(min(10.0, b.config.api_timeout), timeout + 30))
+        except ApiException as e:
+            if e.status == 410:
+                raise _Gone("the watch's resourceVersion is too old (HTTP 410)") from None
+            raise
+        self._resp = resp
+        try:
+            for line in iter_resp_lines(resp):
+                if self._stop.is_set():
+                    return
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                etype, obj = event.get("type"), event.get("object") or {}
+                if etype == "ERROR":
+                    if obj.get("code") == 410:
+                        raise _Gone(f"watch expired: {obj.get('message', '')}")
+                    raise BackendError(f"watch error {obj.get('code')}: {obj.get('message', '')}")
+                rv = (obj.get("metadata") or {}).get("resourceVersion")
+                if etype == "BOOKMARK":
+                    self.stats["bookmarks"] += 1
+                elif etype in ("ADDED", "MODIFIED", "DELETED"):
+                    self.stats["events"] += 1
+                    self._apply(etype, obj)
+                if rv:
+                    self.resource_version = rv
+        finally:
+            self._resp = None
+            resp.release_conn()
+
+    # ------------------------------------------------------------------ the cache
+    def _apply(self, etype: str, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        sid, uid = (meta.get("labels") or {}).get(self.sandbox_label), meta.get("uid")
+        if not sid or not uid:
+            return
+        lost = None
+        with self.lock:
+            if uid in self._forgotten:
+                return
+            cur = self.pods.get(sid)
+            if etype == "DELETED":
+                _remember(self._dead, uid)
+                if cur is not None and cur["metadata"]["uid"] != uid:
+                    return  # an older pod of that name going away
+                if self._deleting[sid]:
+                    self.pods.pop(sid, None)
+                    return
+                self.pods.pop(sid, None)
+                status, error, _ = pod_status(pod)
+                reason = "its pod was deleted by someone else (not through orchard-gym)"
+                if status == "failed" and error:
+                    reason = f"{error}; then its pod was deleted"
+                self.tombstones[sid] = reason
+                self.tombstones.move_to_end(sid)
+                while len(self.tombstones) > TOMBSTONES:
+                    self.tombstones.popitem(last=False)
+                if uid not in self._reported:
+                    _remember(self._reported, uid)
+                    lost = reason
+            else:
+                if self._deleting[sid] and meta.get("deletionTimestamp"):
+                    return
+                self.pods[sid] = pod
+                self.tombstones.pop(sid, None)
+                status, error, _ = pod_status(pod)
+                if status == "failed" and uid not in self._reported:
+                    _remember(self._reported, uid)
+                    lost = error
+            waiters = self._waiters.pop(sid, ())
+        for loop, fut in waiters:
+            _wake(loop, fut)
+        if lost is not None:
+            self.stats["lost"] += 1
+            self._report(sid, lost)
+            if etype == "DELETED":
+                self.backend._reap(sid)
+
+    def _report(self, sid: str, reason: str) -> None:
+        for loop, fn in list(self._listeners):
+            try:
+                if loop is None:
+                    fn(sid, reason)
+                elif inspect.iscoroutinefunction(fn):
+                    asyncio.run_coroutine_threadsafe(fn(sid, reason), loop)
+                else:
+                    loop.call_soon_threadsafe(fn, sid, reason)
+            except RuntimeError:  # that loop is closed
+                self._listeners.remove((loop, fn))
+            except Exception:
+                log.exception("on_lost listener failed")
+
+    def seed(self, pod: dict) -> None:
+        """Our own create's answer, so that get() knows the pod before the watch says so."""
+        meta = pod["metadata"]
+        sid, uid = meta["labels"][self.sandbox_label], meta["uid"]
+        with self.lock:
+            if uid in self._dead or uid in self._forgotten:
+                return
+            cur = self.pods.get(sid)
+            if cur is None or cur["metadata"]["uid"] != uid:
+                self.pods[sid] = pod
+            self.tombstones.pop(sid, None)
+
+    def lookup(self, sid: str) -> tuple[dict | None, str | None, bool]:
+        """(pod, tombstone reason, a delete is in flight) of a sandbox."""
+        with self.lock:
+            return self.pods.get(sid), self.tombstones.get(sid), bool(self._deleting[sid])
+
+    def snapshot(self) -> list[dict]:
+        with self.lock:
+            return [p for sid, p in self.pods.items() if not self._deleting[sid]]
+
+    def begin_delete(self, sid: str) -> tuple[dict | None, bool]:
+        with self.lock:
+            self._deleting[sid] += 1
+            pod = self.pods.pop(sid, None)
+            if pod is not None:
+                _remember(self._forgotten, pod["metadata"]["uid"])
+            tomb = self.tombstones.pop(sid, None) is not None
+            waiters = self._waiters.pop(sid, ())
+        for loop, fut in waiters:
+            _wake(loop, fut)
+        return pod, tomb
+
+    def end_delete(self, sid: str, uid: str | None) -> None:
+        with self.lock:
+            if uid:
+                _remember(self._forgotten, uid)
+                if self.pods.get(sid, {}).get("metadata", {}).get("uid") == uid:
+                    self.pods.pop(sid, None)
+            self._deleting[sid] -= 1
+            if self._deleting[sid] <= 0:
+                del self._deleting[sid]
+
+    def waiter(self, sid: str) -> asyncio.Future:
+        """A future completed at the next change of this sandbox's pod."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        with self.lock:
+            self._waiters.setdefault(sid, []).append((loop, fut))
+        return fut
+
+    def drop_waiter(self, sid: str, fut: asyncio.Future) -> None:
+        with self.lock:
+            waiters = self._waiters.get(sid)
+            if waiters:
+                waiters[:] = [(lp, f) for lp, f in waiters if f is not fut]
+                if not waiters:
+                    del self._waiters[sid]
+
+    def subscribe(self, fn) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        self._listeners.append((loop, fn))
+
+    async def wait_synced(self, timeout: float) -> None:
+        if self.synced.is_set():
+            return
+        deadline = time.monotonic() + timeout
+        while not self.synced.is_set():
+            if time.monotonic() > deadline:
+                raise BackendError(f"the pod watch of namespace {self.backend.namespace} has not synced "
+                                   f"({self.last_error or 'no answer yet'})")
+            await asyncio.sleep(0.01)
+
+    def stop(self) -> None:
+        self._stop.set()
+        resp = self._resp
+        if resp is not None:  # unblock the read the thread sits in
+            try:
+                sock = getattr(getattr(resp, "connection", None), "sock", None) or getattr(resp, "_fp", None)
+                if hasattr(sock, "shutdown"):
+                    sock.shutdown(socket.SHUT_RDWR)
+                else:
+                    resp.close()
+            except Exception:
+                pass
+        self._thread.join(5)
+
+
+class _Gone(Exception):
+    """The watch's resourceVersion is too old: list again."""
+
+
+def _remember(od: OrderedDict, key: str, limit: int = 50_000) -> None:
+    od[key] = None
+    od.move_to_end(key)
+    while len(od) > limit:
+        od.popitem(last=False)
+
+
+def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
+    def done():
+        if not fut.done():
+            fut.set_result(None)
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:  # loop closed
+        pass
+
+
+def _retry_after(e: BaseException) -> float | None:
+    headers = getattr(e, "headers", None)
+    if not headers:
+        return None
+    try:
+        value = headers.get("Retry-After")
+        return min(float(value), 30.0) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+# --------------------------------------------------------------------------- backend
+class KubernetesBackend(Backend):
+    name = "kubernetes"
+
+    def __init__(self, config: KubernetesBackendConfig | None = None):
+        if kubernetes is None:
+            raise BackendError("the kubernetes backend needs the kubernetes client: pip install 'orchard-gym[k8s]'")
+        self.config = cfg = config or KubernetesBackendConfig()
+        self.namespace = cfg.namespace
+        p = cfg.label_prefix
+        self.role_label, self.sandbox_label, self.owner_label = f"{p}/role", f"{p}/sandbox", f"{p}/owner"
+        self.spec_annotation, self.identity_annotation, self.nonce_annotation = f"{p}/spec", f"{p}/owner-identity", \
+            f"{p}/nonce"
+        self.identity = owner_identity()
+        self.owner = cfg.owner or _process_owner(self.identity)
+        self.counters: Counter = Counter()
+        self._slots = threading.BoundedSemaphore(cfg.workers)
+        self._setup_lock = threading.Lock()
+        self._setup_done = False
+        self._tokens: OrderedDict[str, str] = OrderedDict()  # sandbox id -> agent token (known here)
+        self._created_here: OrderedDict[str, None] = OrderedDict()
+        self._known = threading.Lock()  # guards both: worker threads and the loop use them
+        self.swept: list[str] = []
+        self.api_client = self._client()
+        self.core = kubernetes.client.CoreV1Api(self.api_client)
+        self.net = kubernetes.client.NetworkingV1Api(self.api_client)
+        self.server = self.api_client.configuration.host
+        try:  # fail fast, with the address, when the cluster cannot be reached
+            version = self._call(kubernetes.client.VersionApi(self.api_client).get_code, retries=1)
+        except (OrchardError, ApiException) as e:
+            self.api_client.close()
+            detail = f"{e.status} {_api_message(e)}" if isinstance(e, ApiException) else str(e)
+            raise BackendError(f"cannot reach the Kubernetes API at {self.server}: {detail}") from None
+        self.version = (version or {}).get("gitVersion", "?")
+        self.watcher = PodWatcher(self, f"{self.role_label}=sandbox,{self.owner_label}={self.owner}")
+        self.watcher.start()
+
+    def _client(self):
+        cfg = self.config
+        conf = kubernetes.client.Configuration()
+        try:
+            if cfg.kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                kubernetes.config.load_incluster_config(client_configuration=conf)
+            else:
+                if cfg.kubeconfig is not None and not cfg.kubeconfig.is_file():
+                    raise BackendError(f"kubeconfig {cfg.kubeconfig} does not exist")
+                kubernetes.config.load_kube_config(config_file=str(cfg.kubeconfig) if cfg.kubeconfig else None,
+                                                   context=cfg.context, client_configuration=conf,
+                                                   persist_config=False)
+        except BackendError:
+            raise
+        except Exception as e:
+            where = cfg.kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+            raise BackendError(f"cannot load the Kubernetes config ({where}, context {cfg.context or 'current'}): "
+                               f"{e}") from None
+        conf.retries = 0  # we retry, with backoff, ourselves
+        conf.connection_pool_maxsize = cfg.workers + 4
+        return kubernetes.client.ApiClient(conf)
+
+    # ------------------------------------------------------------------ API calls
+    def _call(self, fn, *args, idempotent: bool = True, retries: int | None = None, uncertain: list | None = None,
+              **kw) -> dict | None:
+        """One control-plane call (blocking): JSON in, dict out; bounded and retried. A retry
+        after an answer that may follow a done write (5xx) is noted in `uncertain`."""
+        cfg = self.config
+        kw.setdefault("_preload_content", False)
+        kw.setdefault("_request_timeout", (min(10.0, cfg.api_timeout), cfg.api_timeout))
+        retries = cfg.api_retries if retries is None else retries
+        delay, attempt = 0.05, 0
+        while True:
+            try:
+                with self._slots:
+                    self.counters["calls"] += 1
+                    resp = fn(*args, **kw)
+                data = resp.data
+                return json.loads(data) if data else None
+            except ApiException as e:
+                transient = e.status == 429 or (e.status or 0) >= 500 or e.status == 0
+                if not transient or attempt >= retries:
+                    raise
+                self.counters["throttled" if e.status == 429 else "retried"] += 1
+                if e.status != 429 and uncertain is not None:
+                    uncertain.append(e.status)
+                wait = _retry_after(e)
+            except urllib3.exceptions.HTTPError as e:
+                # refused before anything was sent: always safe; cut off later: only if idempotent
+                sent = not isinstance(getattr(e, "reason", e), urllib3.exceptions.NewConnectionError)
+                if attempt >= retries or (sent and not idempotent):
+                    raise BackendError(f"Kubernetes API at {self.server}: {e}") from None
+                self.counters["retried"] += 1
+                wait = None
+            attempt += 1
+            time.sleep(max(wait or 0.0, delay * (0.5 + random.random())))
+            delay = min(delay * 2, 5.0)
+
+    def _api(self, what: str, fn, *args, ok: tuple[int, ...] = (), **kw):
+        """_call with errors as typed OrchardErrors; statuses in `ok` come back as None."""
+        try:
+            return self._call(fn, *args, **kw)
+        except ApiException as e:
+            if e.status in ok:
+                return None
+            message = _api_message(e)
+            if e.status in (400, 422):
+                raise InvalidRequest(f"the cluster refused to {what}: {message}") from None
+            if e.status in (401, 403):
+                raise BackendError(f"the cluster refused to {what} ({e.status}: {message}); check the "
+                                   f"credentials and RBAC (deploy/k8s/base/rbac.yaml)") from None
+            raise BackendError(f"cannot {what}: {e.status} {message}") from None
+
+    async def _run(self, fn, *args):
+        return await run_in_thread(fn, *args)
+
+    def _name(self, sandbox_id: str) -> str:
+        return f"{self.config.label_prefix}-{sandbox_id}"
+
+    # ------------------------------------------------------------------ manifests
+    def _labels(self, sandbox_id: str) -> dict:
+        return {self.role_label: "sandbox", self.sandbox_label: sandbox_id, self.owner_label: self.owner,
+                "app.kubernetes.io/managed-by": "orchard-gym"}
+
+    def pod_manifest(self, spec: SandboxSpec, sandbox_id: str, token: str, nonce: str = "") -> dict:
+        cfg = self.config
+        image = spec.image or cfg.default_image
+        restricted = cfg.security == "restricted"
+        uid = cfg.run_as_user or (RESTRICTED_UID if restricted else None)
+        meta = {"image": image, "block_network": spec.block_network, "cpu": spec.cpu, "memory": spec.memory,
+                "env": spec.env, "labels": spec.labels, "created_at": time.time()}
+        cpu = spec.cpu or cfg.default_cpu
+        memory = spec.memory_bytes or (parse_memory(cfg.default_memory) if cfg.default_memory else None)
+        requests = {"cpu": _quantity_cpu(min(cfg.cpu_request, cpu or cfg.cpu_request)),
+                    "memory": str(min(parse_memory(cfg.memory_request), memory or parse_memory(cfg.memory_request)))}
+        limits = {}
+        if cpu:
+            limits["cpu"] = _quantity_cpu(cpu)
+        if memory:
+            limits["memory"] = str(memory)
+        name = self._name(sandbox_id)
+        env = [{"name": k, "value": v} for k, v in spec.env.items()
+               if k not in ("ORCHARD_AGENT_TOKEN", "ORCHARD_SANDBOX")]
+        env.append({"name": "ORCHARD_SANDBOX", "value": sandbox_id})
+        if cfg.token_source == "secret":
+            env.append({"name": "ORCHARD_AGENT_TOKEN",
+                        "valueFrom": {"secretKeyRef": {"name": name, "key": "token"}}})
+        else:
+            env.append({"name": "ORCHARD_AGENT_TOKEN", "value": token})
+        security = {"allowPrivilegeEscalation": False, "privileged": False,
+                    "capabilities": {"drop": ["ALL"] if restricted else ["NET_RAW"]}}
+        if uid is not None:
+            security.update(runAsUser=uid, runAsNonRoot=True)
+        probe = {"httpGet": {"path": "/health", "port": "agent"}, "timeoutSeconds": 2}
+        mounts = [{"name": AGENT_VOLUME, "mountPath": AGENT_DIR, "readOnly": True}]
+        volumes = [{"name": AGENT_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
+        if uid is not None:  # a non-root user cannot write the root-owned workdir the runtime creates
+            mounts.append({"name": "workspace", "mountPath": cfg.workdir})
+            volumes.append({"name": "workspace", "emptyDir": {}})
+        container = {
+            "name": TASK_CONTAINER, "image": image, "imagePullPolicy": cfg.image_pull_policy,
+            "command": [LOADER],
+            "args": AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", cfg.workdir,
+                                  "--max-output", str(cfg.max_output)],
+            "workingDir": cfg.workdir,
+            "env": env,
+            "ports": [{"name": "agent", "containerPort": cfg.agent_port, "protocol": "TCP"}],
+            "volumeMounts": mounts,
+            "resources": {"requests": requests, **({"limits": limits} if limits else {})},
+            "startupProbe": {**probe, "periodSeconds": 1, "failureThreshold": cfg.startup_timeout},
+            "readinessProbe": {**probe, "periodSeconds": 5, "failureThreshold": 3},
+            "securityContext": security,
+        }
+        injector = {
+            "name": INJECT_CONTAINER, "image": cfg.injector_image, "imagePullPolicy": cfg.injector_pull_policy,
+            "args": ["/agent"],
+            "volumeMounts": [{"name": AGENT_VOLUME, "mountPath": "/agent"}],
+            "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"memory": "256Mi"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "privileged": False, "readOnlyRootFilesystem": True,
+                                "capabilities": {"drop": ["ALL"]},
+                                **({"runAsUser": uid, "runAsNonRoot": True} if uid is not None else {})},
+        }
+        pod_spec = {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "shareProcessNamespace": True,
+            "hostname": sandbox_id,
+            "terminationGracePeriodSeconds": 2,
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"},
+                                **({"runAsNonRoot": True, "fsGroup": uid} if uid is not None else {})},
+            "initContainers": [injector],
+            "containers": [container],
+            "volumes": volumes,
+        }
+        if cfg.service_account:
+            pod_spec["serviceAccountName"] = cfg.service_account
+        if cfg.node_selector:
+            pod_spec["nodeSelector"] = dict(cfg.node_selector)
+        if cfg.tolerations:
+            pod_spec["tolerations"] = [t.model_dump(exclude_none=True) for t in cfg.tolerations]
+        if cfg.image_pull_secrets:
+            pod_spec["imagePullSecrets"] = [{"name": n} for n in cfg.image_pull_secrets]
+        if cfg.runtime_class:
+            pod_spec["runtimeClassName"] = cfg.runtime_class
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": self.namespace, "labels": self._labels(sandbox_id),
+                         "annotations": {self.spec_annotation: json.dumps(meta, separators=(",", ":")),
+                                         self.identity_annotation: self.identity, self.nonce_annotation: nonce}},
+            "spec": pod_spec,
+        }
+
+    def secret_manifest(self, sandbox_id: str, token: str) -> dict:
+        return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": self._name(sandbox_id), "namespace": self.namespace,
+                             "labels": {**self._labels(sandbox_id), self.role_label: "token"}},
+                "stringData": {"token": token}}
+
+    def _policy(self, name: str, selector: dict, egress: list, role: str, sandbox_id: str | None = None) -> dict:
+        labels = {self.role_label: role, "app.kubernetes.io/managed-by": "orchard-gym"}
+        if sandbox_id:
+            labels.update({self.sandbox_label: sandbox_id, self.owner_label: self.owner})
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name, "namespace": self.namespace, "labels": labels},
+                "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"], "egress": egress}}
+
+    def deny_policy_manifest(self) -> dict:
+        """Every sandbox pod of the namespace: no egress at all, unless another policy allows it."""
+        return self._policy(f"{self.config.label_prefix}-deny-egress", {self.role_label: "sandbox"}, [],
+                            "deny-egress")
+
+    def allow_policy_manifest(self, sandbox_id: str) -> dict:
+        """One sandbox (block_network=False): egress anywhere."""
+        return self._policy(f"{self._name(sandbox_id)}-egress", {self.sandbox_label: sandbox_id}, [{}],
+                            "allow-egress", sandbox_id)
+
+    def egress_allow_manifest(self) -> dict | None:
+        """Every sandbox: egress to the `egress_allow` addresses only."""
+        if not self.config.egress_allow:
+            return None
+        rules = []
+        for entry in self.config.egress_allow:
+            cidr, port = (entry.rsplit(":", 1) if entry.count(":") == 1 else (entry, None))
+            if "/" not in cidr:
+                cidr += "/128" if ":" in cidr else "/32"
+            rule = {"to": [{"ipBlock": {"cidr": cidr}}]}
+            if port:
+                rule["ports"] = [{"protocol": "TCP", "port": int(port)}]
+            rules.append(rule)
+        return self._policy(f"{self.config.label_prefix}-egress-allow", {self.role_label: "sandbox"}, rules,
+                            "egress-allow")
+
+    # ------------------------------------------------------------------ create
+    def _setup(self) -> None:
+        """Namespace-wide policies, once per backend."""
+        if self._setup_done or not self.config.manage_network_policies:
+            return
+        with self._setup_lock:
+            if self._setup_done:
+                return
+            for manifest in (self.deny_policy_manifest(), self.egress_allow_manifest()):
+                if manifest is None:
+                    continue
+                name = manifest["metadata"]["name"]
+                try:
+                    self._call(self.net.create_namespaced_network_policy, self.namespace, manifest)
+                except ApiException as e:
+                    if e.status == 409:  # there already (another process, or the deploy manifests)
+                        if manifest["metadata"]["labels"][self.role_label] == "egress-allow":
+                            self._api(f"update NetworkPolicy {name}", self.net.patch_namespaced_network_policy,
+                                      name, self.namespace, {"spec": manifest["spec"]})
+                        continue
+                    raise BackendError(
+                        f"cannot create NetworkPolicy {name} in {self.namespace} ({e.status}: {_api_message(e)}): "
+                        f"without it sandboxes would have network access. Grant networkpolicies create "
+                        f"(deploy/k8s/base/rbac.yaml), or set manage_network_policies=false if the cluster's "
+                        f"admins manage egress") from None
+            self._setup_done = True
+
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        return await self._run(self._create, spec)
+
+    def _create(self, spec: SandboxSpec) -> SandboxRecord:
+        cfg = self.config
+        sandbox_id = spec.sandbox_id or new_sandbox_id()
+        for key in spec.env:
+            if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
+                raise InvalidRequest(f"env name {key!r} is not allowed in a pod (letters, digits, '-', '.', '_'; "
+                                     f"not starting with a digit)")
+        self._setup()
+        token, nonce = new_token(), new_token()[:16]
+        name = self._name(sandbox_id)
+        made: list[tuple] = []
+        try:
+            if cfg.token_source == "secret":
+                self._create_obj("Secret", self.core.create_namespaced_secret, self.core.read_namespaced_secret,
+                                 self.secret_manifest(sandbox_id, token), sandbox_id, check_token=token)
+                made.append((self.core.delete_namespaced_secret, name))
+            if not spec.block_network and cfg.manage_network_policies:
+                policy = self.allow_policy_manifest(sandbox_id)
+                try:
+                    self._call(self.net.create_namespaced_network_policy, self.namespace, policy)
+                    made.append((self.net.delete_namespaced_network_policy, policy["metadata"]["name"]))
+                except ApiException as e:
+                    if e.status != 409:  # 409: left by an earlier sandbox of that id; it says the same
+                        raise
+            pod = self._create_obj("Pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
+                                   self.pod_manifest(spec, sandbox_id, token, nonce), sandbox_id, nonce=nonce)
+        except BaseException as e:
+            for delete, obj in made:  # only what this call made: never another sandbox's objects
+                try:
+                    self._call(delete, obj, self.namespace, retries=2)
+                except Exception:
+                    pass
+            if isinstance(e, ApiException):
+                message = _api_message(e)
+                if e.status in (400, 422):
+                    raise InvalidRequest(f"the cluster refused sandbox {sandbox_id}: {message}") from None
+                raise BackendError(f"cannot create sandbox {sandbox_id}: {e.status} {message}") from None
+            raise
+        self.counters["created"] += 1
+        self._keep_token(sandbox_id, token)
+        with self._known:
+            _remember(self._created_here, sandbox_id, limit=TOMBSTONES)
+        self.watcher.seed(pod)
+        owned = [("Secret", name)] if cfg.token_source == "secret" else []
+        if not spec.block_network and cfg.manage_network_policies:
+            owned.append(("NetworkPolicy", f"{name}-egress"))
+        if owned:
+            threading.Thread(target=self._own, args=(pod, owned), daemon=True).start()
+        return self._record(pod, token)
+
+    def _create_obj(self, kind: str, create, read, manifest: dict, sandbox_id: str, nonce: str | None = None,
+                    check_token: str | None = None) -> dict:
+        """Create; a 409 is "already exists", unless a retry met our own object from an attempt
+        whose answer was lost (then its nonce, or the Secret's token, says so)."""
+        uncertain: list = []
+        try:
+            return self._call(create, self.namespace, manifest, idempotent=False, uncertain=uncertain)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+            if uncertain:
+                existing = self._api(f"read {kind}", read, manifest["metadata"]["name"], self.namespace, ok=(404,))
+                if existing is not None:
+                    if nonce and (existing["metadata"].get("annotations") or {}).get(self.nonce_annotation) == nonce:
+                        return existing
+                    if check_token and _secret_token(existing) == check_token:
+                        return existing
+            raise InvalidRequest(f"sandbox {sandbox_id} already exists") from None
+
+    def _own(self, pod: dict, owned: list[tuple[str, str]]) -> None:
+        """Make the pod the owner of its Secret/NetworkPolicy: the garbage collector then
+        removes them with the pod, even when no orchard-gym process is left to do it."""
+        ref = {"apiVersion": "v1", "kind": "Pod", "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}
+        patch = {"metadata": {"ownerReferences": [ref]}}
+        for kind, name in owned:
+            fn = self.core.patch_namespaced_secret if kind == "Secret" else self.net.patch_namespaced_network_policy
+            try:
+                self._call(fn, name, self.namespace, patch)
+            except Exception as e:  # gone already (deleted with its sandbox), or not allowed
+                log.debug("could not set the owner of %s %s: %s", kind, name, e)
+
+    # ------------------------------------------------------------------ query
+    def _record(self, pod: dict, token: str | None) -> SandboxRecord:
+        meta, st = pod["metadata"], pod.get("status") or {}
+        info = json.loads((meta.get("annotations") or {}).get(self.spec_annotation) or "{}")
+        container = next((c for c in pod["spec"]["containers"] if c["name"] == TASK_CONTAINER),
+                         pod["spec"]["containers"][0])
+        status, error, _ = pod_status(pod)
+        if status == "running" and not pod_is_ready(pod) and not st.get("podIP"):
+            status = "pending"
+        ip = st.get("podIP")
+        endpoint = None
+        if ip and token:
+            host = f"[{ip}]" if ":" in ip else ip
+            endpoint = AgentEndpoint(base_url=f"http://{host}:{self.config.agent_port}", token=token)
+        return SandboxRecord(
+            sandbox_id=meta["labels"][self.sandbox_label],
+            image=info.get("image", container.get("image")),
+            status=status,
+            backend=self.name,
+            block_network=info.get("block_network", True),
+            cpu=info.get("cpu"),
+            memory=info.get("memory"),
+            env=info.get("env", {}),
+            labels=info.get("labels", {}),
+            workdir=container.get("workingDir"),
+            created_at=info.get("created_at", time.time()),
+            error=error,
+            endpoint=endpoint,
+            details={"pod": meta["name"], "namespace": meta.get("namespace"), "uid": meta.get("uid"),
+                     "node": pod["spec"].get("nodeName"), "ip": ip, "phase": st.get("phase"),
+                     "owner": (meta.get("labels") or {}).get(self.owner_label), "server": self.server},
+        )
+
+    def _tomb_record(self, sandbox_id: str, reason: str) -> SandboxRecord:
+        return SandboxRecord(sandbox_id=sandbox_id, status="failed", backend=self.name, error=reason,
+                             details={"namespace": self.namespace, "pod": self._name(sandbox_id)})
+
+    def _token_of(self, sandbox_id: str, pod: dict) -> str | None:
+        token = self._tokens.get(sandbox_id)
+        if token is not None:
+            return token
+        container = pod["spec"]["containers"][0]
+        for e in container.get("env") or []:
+            if e.get("name") == "ORCHARD_AGENT_TOKEN":
+                if "value" in e:
+                    token = e["value"]
+                else:
+                    ref = e["valueFrom"]["secretKeyRef"]
+                    secret = self._api("read the token Secret", self.core.read_namespaced_secret, ref["name"],
+                                       self.namespace, ok=(404,))
+                    token = _secret_token(secret, ref.get("key", "token")) if secret else None
+        if token is not None:
+            self._keep_token(sandbox_id, token)
+        return token
+
+    def _keep_token(self, sandbox_id: str, token: str) -> None:
+        with self._known:
+            self._tokens[sandbox_id] = token
+            self._tokens.move_to_end(sandbox_id)
+            while len(self._tokens) > TOMBSTONES:
+                self._tokens.popitem(last=False)
+
+    def _read_pod(self, sandbox_id: str) -> dict | None:
+        pod = self._api("read pod", self.core.read_namespaced_pod, self._name(sandbox_id), self.namespace, ok=(404,))
+        labels = (pod or {}).get("metadata", {}).get("labels") or {}
+        return pod if pod is not None and labels.get(self.sandbox_label) == sandbox_id else None
+
+    async def _synced(self) -> None:
+        await self.watcher.wait_synced(self.config.api_timeout)
+
+    async def get(self, sandbox_id: str) -> SandboxRecord | None:
+        await self._synced()
+        pod, tomb, deleting = self.watcher.lookup(sandbox_id)
+        if tomb is not None:
+            return self._tomb_record(sandbox_id, tomb)
+        if deleting:
+            return None
+        if pod is None:  # not ours, or not delivered by the watch yet: ask the API
+            pod = await self._run(self._read_pod, sandbox_id)
+            if pod is None:
+                return None
+        if pod["metadata"].get("deletionTimestamp"):
+            return None
+        token = self._tokens.get(sandbox_id)
+        if token is None:
+            token = await self._run(self._token_of, sandbox_id, pod)
+        return self._record(pod, token)
+
+    async def is_alive(self, sandbox_id: str) -> bool:
+        record = await self.get(sandbox_id)
+        return record is not None and record.status in ("pending", "running")
+
+    async def list(self) -> list[SandboxRecord]:
+        """This owner's sandboxes (the owner label), from the watch's cache."""
+        await self._synced()
+        out = []
+        for pod in self.watcher.snapshot():
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            sid = pod["metadata"]["labels"][self.sandbox_label]
+            out.append(self._record(pod, self._tokens.get(sid)))
+        return sorted(out, key=lambda r: r.created_at)
+
+    def on_lost(self, callback) -> None:
+        """Call `callback(sandbox_id, reason)` (a function or a coroutine function, run on the
+        loop this was called from) when a sandbox's pod fails, is evicted or is deleted by
+        someone else. The orchestrator's reconciler subscribes."""
+        self.watcher.subscribe(callback)
+
+    async def wait_ready(self, record: SandboxRecord, timeout: float) -> SandboxRecord:
+        """Woken by the watch when the pod changes; no polling."""
+        sid = record.sandbox_id
+        deadline = time.monotonic() + timeout
+        await self._synced()
+        while True:
+            fut = self.watcher.waiter(sid)  # before the look, so no change slips between
+            try:
+                pod, tomb, deleting = self.watcher.lookup(sid)
+                if tomb is not None:
+                    raise SandboxFailed(f"sandbox {sid} failed to start: {tomb}")
+                if deleting or (pod is not None and pod["metadata"].get("deletionTimestamp")):
+                    raise SandboxFailed(f"sandbox {sid} is being deleted")
+                watched = pod is not None
+                if pod is None:  # another owner's pod, outside our watch: read it (and poll, below)
+                    pod = await self._run(self._read_pod, sid)
+                    if pod is None or pod["metadata"].get("deletionTimestamp"):
+                        raise SandboxFailed(f"sandbox {sid} failed to start: its pod does not exist")
+                status, error, kind = pod_status(pod)
+                if status == "failed":
+                    if kind == "image":
+                        raise ImageNotFound(f"sandbox {sid}: {error}")
+                    raise SandboxFailed(f"sandbox {sid} failed to start: {error}")
+                if pod_is_ready(pod):
+                    return await self._ready(record, pod)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxTimeout(f"sandbox {sid} not ready after {timeout:.0f}s ({pod_summary(pod)})")
+                try:
+                    await asyncio.wait_for(fut, left if watched else min(left, 0.5))
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self.watcher.drop_waiter(sid, fut)
+
+    async def _ready(self, record: SandboxRecord, pod: dict) -> SandboxRecord:
+        sid = record.sandbox_id
+        token = self._tokens.get(sid) or await self._run(self._token_of, sid, pod)
+        if token is None:
+            raise SandboxFailed(f"sandbox {sid}: its token Secret is gone")
+        fresh = self._record(pod, token)
+        if self.config.verify_reach:
+            client = AgentClient(fresh.endpoint)
+            until = time.monotonic() + 5.0
+            try:
+                while True:
+                    try:
+                        await client.health(timeout=max(0.2, min(2.0, until - time.monotonic())))
+                        break
+                    except Exception as e:
+                        if time.monotonic() >= until:
+                            raise SandboxFailed(
+                                f"sandbox {sid}: its pod is ready but its agent at {fresh.endpoint.base_url} does "
+                                f"not answer from here ({type(e).__name__}: {e}). This process must reach pod "
+                                f"IPs: run it in the cluster, and let NetworkPolicies admit it to port "
+                                f"{self.config.agent_port}") from None
+                        await asyncio.sleep(0.05)
+            finally:
+                await client.aclose()
+        record.status, record.error = "running", None
+        record.endpoint, record.workdir = fresh.endpoint, fresh.workdir
+        record.details = {**record.details, **fresh.details}
+        return record
+
+    def resources(self) -> dict:
+        w = self.watcher
+        return {"backend": self.name, "server": self.server, "version": self.version, "namespace": self.namespace,
+                "owner": self.owner, "token_source": self.config.token_source,
+                "watch": {**w.stats, "resource_version": w.resource_version, "synced": w.synced.is_set(),
+                          "cached": len(w.pods), "last_error": w.last_error},
+                "api": dict(self.counters)}
+
+    # ------------------------------------------------------------------ delete
+    async def delete(self, sandbox_id: str) -> bool:
+        pod, tomb = self.watcher.begin_delete(sandbox_id)
+        uid = None
+        try:
+            uid, found = await self._run(self._delete, sandbox_id, pod)
+        finally:
+            self.watcher.end_delete(sandbox_id, uid)
+        with self._known:
+            self._tokens.pop(sandbox_id, None)
+            self._created_here.pop(sandbox_id, None)
+        return found or tomb
+
+    def _delete(self, sandbox_id: str, pod: dict | None) -> tuple[str | None, bool]:
+        cfg, name = self.config, self._name(sandbox_id)
+        gone = self._api(f"delete pod {name}", self.core.delete_namespaced_pod, name, self.namespace,
+                         grace_period_seconds=cfg.delete_grace_seconds, propagation_policy="Background", ok=(404,))
+        uid = (gone or {}).get("metadata", {}).get("uid")
+        found = gone is not None
+        extra = []
+        if cfg.token_source == "secret" or pod is None:
+            extra.append((self.core.delete_namespaced_secret, name))
+        block = json.loads(((pod or {}).get("metadata", {}).get("annotations") or {}).get(self.spec_annotation)
+                           or "{}").get("block_network", None)
+        if cfg.manage_network_policies and block is not True:
+            extra.append((self.net.delete_namespaced_network_policy, f"{name}-egress"))
+        for delete, obj in extra:
+            if self._api(f"delete {obj}", delete, obj, self.namespace, ok=(404,)) is not None and not found:
+                found = True
+        return uid, found
+
+    def _reap(self, sandbox_id: str) -> None:
+        """A pod we created was deleted behind our back: remove its Secret and policy (the
+        garbage collector does too, once ownerReferences are set; this covers the moments
+        before, and clusters without it)."""
+        if sandbox_id not in self._created_here:
+            return
+
+        def reap():
+            name = self._name(sandbox_id)
+            for delete, obj in ((self.core.delete_namespaced_secret, name),
+                                (self.net.delete_namespaced_network_policy, f"{name}-egress")):
+                try:
+                    self._call(delete, obj, self.namespace, retries=2)
+                except Exception:
+                    pass
+            self.counters["reaped"] += 1
+        threading.Thread(target=reap, daemon=True).start()
+
+    def _after_first_sync(self) -> None:
+        try:
+            self.swept = self._sweep()
+            if self.swept:
+                log.info("kubernetes backend: swept %d sandboxes of dead owners", len(self.swept))
+        except Exception as e:  # never fail over someone else's leftovers
+            log.warning("kubernetes backend: sweep at start-up failed: %s", e)
+
+    def _sweep(self) -> list[str]:
+        """Delete pods whose owner (a process on this host) is gone, and Secrets/policies left
+        without their pod for more than ten minutes."""
+        removed = set()
+        pods = self._call(self.core.list_namespaced_pod, self.namespace, label_selector=f"{self.role_label}=sandbox")
+        live = set()
+        for pod in pods.get("items") or []:
+            meta = pod["metadata"]
+            sid = (meta.get("labels") or {}).get(self.sandbox_label)
+            identity = (meta.get("annotations") or {}).get(self.identity_annotation, "")
+            per_process = (meta.get("labels") or {}).get(self.owner_label) == _process_owner(identity)
+            if sid and per_process and owner_gone(identity):
+                self._api("delete pod", self.core.delete_namespaced_pod, meta["name"], self.namespace,
+                          grace_period_seconds=0, ok=(404,))
+                removed.add(sid)
+            elif sid:
+                live.add(sid)
+        cutoff = time.time() - 600  # a create held up by a throttled API is not an orphan
+        for kind, lister, deleter in (
+                ("Secret", self.core.list_namespaced_secret, self.core.delete_namespaced_secret),
+                ("NetworkPolicy", self.net.list_namespaced_network_policy, self.net.delete_namespaced_network_policy)):
+            items = self._call(lister, self.namespace, label_selector=self.sandbox_label).get("items") or []
+            for obj in items:
+                meta = obj["metadata"]
+                sid = (meta.get("labels") or {}).get(self.sandbox_label)
+                if sid in live or _created(meta) > cutoff:
+                    continue
+                self._api(f"delete {kind}", deleter, meta["name"], self.namespace, ok=(404,))
+                removed.add(sid)
+        return sorted(removed)
+
+    async def sweep(self) -> list[str]:
+        return await self._run(self._sweep)
+
+    async def aclose(self) -> None:
+        await self._run(self.watcher.stop)
+        await self._run(self.api_client.close)
+
+
+def _process_owner(identity: str) -> str:
+    """The owner label of a process (a label value cannot hold the identity's colons)."""
+    return "p-" + hashlib.sha256(identity.encode()).hexdigest()[:20]
+
+
+def _secret_token(secret: dict | None, key: str = "token") -> str | None:
+    data = (secret or {}).get("data") or {}
+    try:
+        return base64.b64decode(data[key]).decode() if key in data else None
+    except (ValueError, TypeError):
+        return None
+
+
+def _created(meta: dict) -> float:
+    try:
+        return datetime.strptime(meta.get("creationTimestamp", ""), "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return time.time()
