@@ -67,7 +67,7 @@ def main() -> None:
             rows += sdk_variants({"type": "local", "isolation": "bwrap", "root": root}, None, args.n)
         rows += sdk_variants({"type": "local", "isolation": "none", "root": root}, None, args.n)
     else:
-        from bench_docker import docker_rows  # noqa: F401 - provided with the docker backend
+        from bench_docker import docker_rows  # agent vs `podman exec` and SDK exec_run, same container
 
         rows += docker_rows(args)
     shutil.rmtree(root, ignore_errors=True)

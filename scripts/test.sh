@@ -6,7 +6,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup_system.sh          # bubblewrap, podman, redis-server, debootstrap, ...
-bash scripts/install.sh dev,server,docker
+bash scripts/install.sh dev,server,docker,k8s,train   # train: torch (CPU), transformers, TRL for tests/test_train_grpo.py
+bash scripts/build_test_images.sh     # localhost/orchard/{bookworm,busybox}, only if missing
+bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed
+
+# The docker backend's tests talk to Podman's Docker API. Stop the service afterwards only
+# if we started it (someone else's service on this machine keeps running).
+if ! bash scripts/podman_service.sh status >/dev/null 2>&1; then
+  trap 'bash scripts/podman_service.sh stop' EXIT
+fi
+export "$(bash scripts/podman_service.sh start)"   # DOCKER_HOST=unix:///run/podman/podman.sock
 
 export PATH="$PWD/.venv/bin:$PATH"
-exec python -m pytest -q -p no:cacheprovider "$@"
+python -m pytest -q -p no:cacheprovider "$@"   # no exec: the trap must run after it

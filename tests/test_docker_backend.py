@@ -1,0 +1,188 @@
+"""The docker backend against a real engine (Podman's Docker API in CI): what the
+conformance suite cannot see from outside — injection into an image without Python,
+limits and network blocking seen from inside, image errors, sweeps, leftovers."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from conftest import DOCKER_IMAGES, docker_engine
+from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient
+from orchard_gym.backends.config import DockerBackendConfig, parse_backend_config
+from orchard_gym.errors import BackendError
+
+gateway, why_not = docker_engine()
+pytestmark = [pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]
+BUSYBOX = DOCKER_IMAGES["busybox"]
+
+
+@pytest.fixture
+def client():
+    c = SandboxClient({"type": "docker"})
+    yield c
+    c.close()
+
+
+def leftovers(backend, sandbox_id: str) -> list[str]:
+    """Names of the sandbox's container, injector container and volume that still exist."""
+    import docker
+
+    name, found = backend._name(sandbox_id), []
+    for kind, obj in (("container", name), ("container", f"{name}-inject"), ("volume", name)):
+        try:
+            (backend.api.inspect_container if kind == "container" else backend.api.inspect_volume)(obj)
+            found.append(f"{kind} {obj}")
+        except docker.errors.NotFound:
+            pass
+    return found
+
+
+def test_agent_runs_in_an_image_without_python(client):
+    with client.create_sandbox(image=BUSYBOX) as box:
+        assert box.exec("which python3").exit_code != 0
+        assert box.exec("ls /usr/lib /lib 2>/dev/null | wc -l").stdout.strip() == "0"  # no libc either
+        r = box.exec(["busybox", "sh", "-c", "echo $((6*7)) $ORCHARD_SANDBOX; pwd"])
+        assert r.exit_code == 0 and r.stdout == f"42 {box.sandbox_id}\n/workspace\n"
+        # the agent's token is not passed on to commands
+        assert "ORCHARD_AGENT_TOKEN" not in box.exec("env").stdout
+        # the bundle is mounted read-only
+        assert box.exec("touch /opt/orchard-agent/x").exit_code != 0
+
+
+def _cgroup(box, v2: str, v1: str) -> str:
+    return box.exec(f"cat /sys/fs/cgroup/{v2} 2>/dev/null || cat /sys/fs/cgroup/{v1}").stdout.split()
+
+
+def test_cpu_and_memory_limits_seen_from_inside(client):
+    with client.create_sandbox(image=BUSYBOX, cpu=0.5, memory="96m") as box:
+        mem = _cgroup(box, "memory.max", "memory/memory.limit_in_bytes")
+        assert mem == [str(96 * 2**20)]
+        cpu = _cgroup(box, "cpu.max", "cpu/cpu.cfs_quota_us /sys/fs/cgroup/cpu/cpu.cfs_period_us")
+        assert int(cpu[0]) / int(cpu[1]) == 0.5
+        # and it bites: a busy loop of one second gets throttled
+        box.exec("end=$(($(date +%s) + 2)); while [ $(date +%s) -lt $end ]; do :; done", timeout=30)
+        stat = box.exec("cat /sys/fs/cgroup/cpu.stat 2>/dev/null || cat /sys/fs/cgroup/cpu/cpu.stat").stdout
+        throttled = dict(line.split() for line in stat.splitlines())["nr_throttled"]
+        assert int(throttled) > 0, stat
+    with client.create_sandbox(image=BUSYBOX) as box:  # no limits asked, none set
+        quota = _cgroup(box, "cpu.max", "cpu/cpu.cfs_quota_us")[0]
+        assert quota in ("max", "-1")
+
+
+def test_network_blocked_from_inside(client):
+    no_default_route = "! grep -q '^[a-z0-9]*\t00000000\t' /proc/net/route"
+    with client.create_sandbox(image=BUSYBOX) as box:
+        assert box.exec(no_default_route).exit_code == 0, box.exec("cat /proc/net/route").stdout
+        r = box.exec(f"nc -w 2 {gateway} 1 </dev/null", timeout=20)  # the engine's routed bridge
+        assert r.exit_code != 0 and "unreachable" in r.stderr.lower()
+        assert box.record.details["host_address"] != gateway
+    with client.create_sandbox(image=BUSYBOX, block_network=False) as box:
+        assert box.exec(no_default_route).exit_code == 1
+    network = client.backend.api.inspect_network(client.backend.config.network)
+    assert network["Internal"] is True
+
+
+def test_reach_by_published_loopback_port():
+    with SandboxClient({"type": "docker", "reach": "port"}) as client:
+        with client.create_sandbox(image=BUSYBOX, block_network=False) as box:
+            assert box.record.endpoint.base_url.startswith("http://127.0.0.1:")
+            assert box.exec("echo via-port").stdout == "via-port\n"
+        with pytest.raises(InvalidRequest, match="block_network=False"):
+            client.create_sandbox(image=BUSYBOX)
+
+
+@pytest.mark.parametrize("pull", ["never", "if-missing"])
+def test_missing_image_is_named(pull):
+    image = "localhost/orchard/no-such-image:v1"
+    with SandboxClient({"type": "docker", "pull": pull}) as client:
+        with pytest.raises(ImageNotFound, match="no-such-image:v1") as err:
+            client.create_sandbox(image=image, sandbox_id=f"missing-{pull}")
+        assert ("'never'" in str(err.value)) == (pull == "never")
+        assert not leftovers(client.backend, f"missing-{pull}")
+
+
+def test_missing_injector_image_is_named():
+    with SandboxClient({"type": "docker", "pull": "never", "injector_image": "localhost/nope/injector"}) as client:
+        with pytest.raises(ImageNotFound, match="localhost/nope/injector.*build_injector_image"):
+            client.create_sandbox(image=BUSYBOX)
+
+
+def test_delete_leaves_no_container_or_volume(client):
+    box = client.create_sandbox(image=BUSYBOX)
+    assert len(leftovers(client.backend, box.sandbox_id)) == 2  # container + volume; injector gone
+    box.delete()
+    assert not leftovers(client.backend, box.sandbox_id)
+    assert client.backend._destroy(client.backend._name(box.sandbox_id)) is False
+
+
+def test_failed_container_says_why(client):
+    box = client.create_sandbox(image=BUSYBOX)
+    with pytest.raises(Exception):
+        box.exec("kill -9 $PPID", timeout=5)
+    time.sleep(0.5)
+    record = box.refresh()
+    assert record.status == "failed" and "with code" in record.error, record.error
+    box.delete()
+
+
+def test_another_process_adopts_a_sandbox(client):
+    box = client.create_sandbox(image=BUSYBOX, labels={"task": "t1"}, env={"TASK": "t1"})
+    with SandboxClient({"type": "docker"}) as other:
+        same = other.get_sandbox(box.sandbox_id)
+        assert same.record.labels == {"task": "t1"} and same.record.env == {"TASK": "t1"}
+        assert same.exec("echo $TASK").stdout == "t1\n"
+    box.delete()
+
+
+def test_sweep_removes_only_dead_owners():
+    from orchard_gym.backends.docker import owner_identity
+
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_owner = owner_identity(dead.pid)
+    dead.kill()
+    dead.wait()
+    with SandboxClient({"type": "docker"}) as orphaned, SandboxClient({"type": "docker"}) as alive:
+        orphaned.backend.owner = dead_owner  # as if a client that has since died had created it
+        orphan = orphaned.create_sandbox(image=BUSYBOX)
+        orphaned.backend.owner = "other-host:x:1:1"  # a host we cannot judge: never swept
+        foreign = orphaned.create_sandbox(image=BUSYBOX)
+        kept = alive.create_sandbox(image=BUSYBOX)
+        assert leftovers(alive.backend, orphan.sandbox_id)
+        swept = parse_backend_config({"type": "docker"}).get_backend().swept  # sweeps at start-up
+        assert orphan.sandbox_id in swept and kept.sandbox_id not in swept and foreign.sandbox_id not in swept
+        assert not leftovers(alive.backend, orphan.sandbox_id)
+        assert kept.exec("echo alive").stdout == "alive\n"
+        foreign.delete()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"base_url": "ftp://engine"},
+        {"agent_port": 0},
+        {"agent_port": 70000},
+        {"reach": "pigeon"},
+        {"pull": "always"},
+        {"label_prefix": "Bad Prefix"},
+        {"network": "-bad"},
+        {"workers": 0},
+        {"workdir": "relative/dir"},
+        {"api_timeout": -1},
+        {"default_image": ""},
+        {"no_such_option": 1},
+    ],
+)
+def test_garbage_config_refused(bad):
+    with pytest.raises(InvalidRequest):
+        parse_backend_config({"type": "docker", **bad})
+
+
+def test_unreachable_engine_and_routed_network_refused():
+    with pytest.raises(BackendError, match="cannot reach the container engine"):
+        DockerBackendConfig(base_url="unix:///nonexistent/docker.sock").get_backend()
+    with SandboxClient({"type": "docker", "network": "bridge"}) as client:  # a routed network
+        with pytest.raises(BackendError, match="not internal"):
+            client.create_sandbox(image=BUSYBOX)
