@@ -1,0 +1,1 @@
+"""Toy domain: small, fast sandboxed tasks whose correct action is one short command."""
