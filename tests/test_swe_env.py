@@ -278,3 +278,28 @@ def test_orchard_eval_cli(tmp_path, local_root):
     bad = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--policy", "telepathy"],
                          capture_output=True, text=True, cwd=REPO)
     assert bad.returncode != 0 and "--policy" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_orchard_eval_drives_an_openai_compatible_endpoint(tmp_path, local_root):
+    """The openai: policy against a real HTTP server speaking the API (the proxy's test stub,
+    whose `stub-tool` model calls the first tool with made-up arguments)."""
+    import os
+
+    from orchard_gym.wrappers.stub import StubUpstream
+
+    stub = StubUpstream().start()
+    try:
+        out = tmp_path / "openai.jsonl"
+        r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--policy", f"openai:{stub.url}#stub-tool",
+                            "--task-id", "semver-3.0.2", "--max-steps", "2", "--out", str(out)],
+                           capture_output=True, text=True, cwd=REPO, timeout=300,
+                           env={**os.environ, "ORCHARD_LOCAL_ROOT": str(local_root)})
+    finally:
+        stub.stop()
+    assert r.returncode == 0, r.stderr
+    assert "resolved 0/1" in r.stdout and "infrastructure errors 0" in r.stdout
+    trajectory = json.loads(out.read_text())
+    assert trajectory["truncated"] and len(trajectory["turns"]) == 2
+    first = trajectory["turns"][0]
+    assert first["tool"] == "bash" and "bad arguments for bash" in first["error"]  # the model's call, refused
+    assert first["action"]["id"]  # the tool call id travelled from the model's answer
