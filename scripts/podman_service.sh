@@ -31,7 +31,9 @@ start() {
     rm -f "$SOCK"               # a stale socket from a dead service blocks bind()
     # --time=0: never exit on idle. setsid + nohup: detach from the CI step's
     # process group/stdin so the service outlives this script.
-    setsid nohup podman system service --time=0 "unix://$SOCK" </dev/null >>"$LOGFILE" 2>&1 &
+    # from / : conmon drops an `oom` marker file in the service's working directory when a
+    # container is OOM-killed, which would otherwise litter the checkout
+    env -C / setsid nohup podman system service --time=0 "unix://$SOCK" </dev/null >>"$LOGFILE" 2>&1 &
     echo $! >"$PIDFILE"
     for _ in $(seq 100); do      # up to ~10 s
       ping_ok && break
