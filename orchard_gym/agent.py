@@ -159,25 +159,29 @@ def _has_marker(pid: int, marker: bytes) -> bool:
         return False
 
 
-def kill_job(proc: subprocess.Popen, marker: str) -> None:
-    """Kill the command's process group and every process carrying its marker."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:
-        pass
-    needle = f"{JOB_MARKER}={marker}".encode()
-    me = os.getpid()
+def kill_marked(needle: str) -> None:
+    """SIGKILL every process (but us) whose environment holds `needle`, e.g. ORCHARD_JOB=x."""
+    want, me = needle.encode(), os.getpid()
     # A forking loop can spawn while we kill; sweep until a pass finds nothing.
     for _ in range(50):
-        found = [p for p in _pids() if p != me and _has_marker(p, needle)]
+        found = [p for p in _pids() if p != me and _has_marker(p, want)]
         if not found:
-            break
+            return
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
         time.sleep(0.01)
+
+
+def kill_job(proc: subprocess.Popen, marker: str) -> None:
+    """Kill the command's process group and every process carrying its marker."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:
+        pass
+    kill_marked(f"{JOB_MARKER}={marker}")
 
 
 class Runner:
@@ -762,14 +766,7 @@ def shutdown(runner: Runner) -> None:
     runner.kill_all()
     sandbox = os.environ.get("ORCHARD_SANDBOX")
     if sandbox:
-        needle = f"ORCHARD_SANDBOX={sandbox}".encode()
-        me = os.getpid()
-        for pid in _pids():
-            if pid != me and _has_marker(pid, needle):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_marked(f"ORCHARD_SANDBOX={sandbox}")
     os._exit(0)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 SandboxStatus = Literal["pending", "running", "failed", "deleting", "deleted"]
@@ -104,24 +104,27 @@ class SandboxRecord(BaseModel):
         return self.model_dump(exclude={"endpoint", "details"})
 
 
+def _non_empty_command(v: str | list[str]) -> str | list[str]:
+    if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
+        raise ValueError("command is empty")
+    return v
+
+
+# a shell string or an argv list, never empty (the SDK's and the orchestrator's bodies)
+Command = Annotated[str | list[str], AfterValidator(_non_empty_command)]
+
+
 class ExecRequest(BaseModel):
     """One command: the body of the agent's `POST /exec`."""
 
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str]
+    command: Command
     cwd: str | None = None
     env: dict[str, str] | None = None
     timeout: float = Field(600, gt=0, le=7 * 86400)
     stdin: str | None = None
     login_shell: bool = False
-
-    @field_validator("command")
-    @classmethod
-    def _non_empty(cls, v):
-        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
-            raise ValueError("command is empty")
-        return v
 
 
 class ExecResult(BaseModel):

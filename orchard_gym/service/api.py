@@ -12,11 +12,11 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request, Security
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
 from orchard_gym.errors import InvalidRequest, SandboxTimeout
-from orchard_gym.models import ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from orchard_gym.models import Command, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
 
 from .errors import status_of
 
@@ -29,20 +29,13 @@ class ExecBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str] = Field(..., description="a shell string (bash -c) or an argv list")
+    command: Command = Field(..., description="a shell string (bash -c) or an argv list")
     timeout_seconds: float = Field(600, gt=0, le=MAX_TIMEOUT)
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
     login_shell: bool = False
     wait: bool = Field(False, description="answer with the finished job instead of {job_id, status}")
-
-    @field_validator("command")
-    @classmethod
-    def _non_empty(cls, v):
-        if (isinstance(v, str) and not v.strip()) or (isinstance(v, list) and not v):
-            raise ValueError("command is empty")
-        return v
 
     def request(self) -> ExecRequest:
         return ExecRequest(command=self.command, cwd=self.cwd, env=self.env, timeout=self.timeout_seconds,
