@@ -6,10 +6,16 @@ only then, so `import orchard_gym` never pulls in docker or kubernetes.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
+
+
+def default_injector_image() -> str:
+    """$ORCHARD_INJECTOR_IMAGE, else the image scripts/build_injector_image.sh builds."""
+    return os.environ.get("ORCHARD_INJECTOR_IMAGE") or "localhost/orchard/agent-injector:latest"
 
 
 class LocalBackendConfig(BaseModel):
@@ -47,7 +53,7 @@ class DockerBackendConfig(BaseModel):
                     "else Docker's unix:///var/run/docker.sock)")
     default_image: str = Field("localhost/orchard/bookworm:latest", min_length=1,
                                description="image of sandboxes created with image=None")
-    injector_image: str = Field("localhost/orchard/agent-injector:latest", min_length=1,
+    injector_image: str = Field(default_factory=lambda: default_injector_image(), min_length=1,
                                 description="copies the agent bundle into each sandbox's volume")
     pull: Literal["never", "if-missing"] = Field(
         "if-missing", description="if-missing: pull a missing image once, then fail; never: local images only")
@@ -102,7 +108,7 @@ class KubernetesBackendConfig(BaseModel):
     namespace: str = Field("orchard-sandboxes", pattern=_DNS_LABEL, description="namespace of the sandbox pods")
     default_image: str = Field("localhost/orchard/bookworm:latest", min_length=1,
                                description="image of sandboxes created with image=None")
-    injector_image: str = Field("localhost/orchard/agent-injector:latest", min_length=1,
+    injector_image: str = Field(default_factory=lambda: default_injector_image(), min_length=1,
                                 description="init container image that copies the agent bundle into the pod")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     injector_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds localhost/orchard/agent-injector:latest (deploy/Dockerfile.agent-injector),
+# Builds localhost/orchard/agent-injector:latest ($ORCHARD_INJECTOR_IMAGE overrides; deploy/Dockerfile.agent-injector),
 # an image that copies the agent bundle into a volume. Idempotent: the image is
 # labelled with a hash of the bundle content and rebuilt only when it changes.
 # Needs setup_system.sh and build_test_images.sh (busybox base image) first.
@@ -8,7 +8,7 @@ set -euo pipefail
 log() { echo "[build_injector_image] $*"; }
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-IMAGE=localhost/orchard/agent-injector:latest
+IMAGE=${ORCHARD_INJECTOR_IMAGE:-localhost/orchard/agent-injector:latest}
 LABEL=org.orchard-gym.bundle-sha256
 # Build context lives outside the repo so `podman build` does not send the tree.
 CTX=${INJECTOR_CONTEXT:-/var/cache/orchard-gym/agent-injector}

@@ -179,7 +179,7 @@ def fake_k8s(tmp_path_factory):
 
 
 DOCKER_IMAGES = {"busybox": "localhost/orchard/busybox:latest", "bookworm": "localhost/orchard/bookworm:latest"}
-INJECTOR_IMAGE = "localhost/orchard/agent-injector:latest"
+INJECTOR_IMAGE = os.environ.get("ORCHARD_INJECTOR_IMAGE") or "localhost/orchard/agent-injector:latest"
 
 
 @functools.cache
