@@ -114,6 +114,15 @@ def test_other_keys_get_404_on_every_route_of_a_sandbox(orch, alice_box):
         ls = alice.post(f"/sandboxes/{sid}/exec", json={"command": "ls", "wait": True}).json()
         assert ls["exit_code"] == 0 and "pwned" not in ls["stdout"]
         assert alice.get(f"/jobs/{job_id}").json()["stdout"] == SECRET + "\n"
+    # the owner and an admin reach every one of those routes (DELETE last: it ends the sandbox)
+    with _client(orch, ALICE) as alice, _client(orch, ADMIN) as admin:
+        for who in (alice, admin):
+            for method, path in sorted(checked, key=lambda op: op[0] == "DELETE"):
+                if method == "DELETE":
+                    continue
+                r = _request(who, method, path, sandbox_id=sid, job_id=job_id)
+                assert r.status_code != 404 or "FileNotFoundError" in r.text, (method, path, r.text)
+                assert r.status_code < 500 and "SandboxNotFound" not in r.text and "JobNotFound" not in r.text
     routes = {p for _, p in checked}
     for must in ("/sandboxes/{sandbox_id}", "/sandboxes/{sandbox_id}/exec", "/sandboxes/{sandbox_id}/exec/stream",
                  "/sandboxes/{sandbox_id}/files", "/sandboxes/{sandbox_id}/files/list", "/jobs/{job_id}",
