@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -200,8 +201,6 @@ class RequestContext:
 def serve(settings: ServiceSettings, host: str = "127.0.0.1", port: int = 8000) -> None:
     """Run one replica with uvicorn (`orchard serve`)."""
     import uvicorn
-
-    import asyncio
 
     if not settings.auth_required and not is_loopback(host):
         raise InvalidRequest(f"refusing to serve on {host} without API keys: set ORCHARD_API_KEYS "
