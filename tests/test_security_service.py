@@ -245,6 +245,62 @@ def test_garbage_keys_in_the_environment_stop_serve_with_one_line():
     assert r.returncode != 0 and "ORCHARD_API_KEYS" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
+def _backend_params():
+    from conftest import DOCKER_IMAGES, docker_engine, fake_k8s_unavailable
+
+    gateway, why_not = docker_engine()
+    k8s_why_not = fake_k8s_unavailable()
+    return [pytest.param("local", None, id="local"),
+            pytest.param("docker", DOCKER_IMAGES["busybox"], id="docker",
+                         marks=[pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]),
+            pytest.param("kubernetes", DOCKER_IMAGES["busybox"], id="kubernetes",
+                         marks=[pytest.mark.kubernetes,
+                                pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")])]
+
+
+@pytest.mark.parametrize("backend, image", _backend_params())
+def test_scoping_holds_on_every_backend(backend, image, request, tmp_path):
+    """The owner label travels through each backend's own storage (meta.json, container
+    labels, the pod's annotation), and the scoping holds on each."""
+    from orchard_gym import SandboxClient
+    from orchard_gym.service.auth import OWNER_LABEL, key_owner
+
+    root = short_root("scope")
+    config = {}
+    if backend == "kubernetes":
+        config = {k: v for k, v in request.getfixturevalue("fake_k8s").backend_config().items() if k != "type"}
+        config["owner"] = f"scope-{os.getpid()}"
+    orch = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, api_keys=f"{ALICE},{BOB}", admin_keys=ADMIN,
+                        backend=backend, backend_config=config, ready_timeout=180, max_wait=120)
+    try:
+        with _client(orch, ALICE) as alice, _client(orch, BOB) as bob, _client(orch, ADMIN) as admin:
+            r = alice.post("/sandboxes", params={"wait": "true"},
+                           json={"image": image, "env": {"TOKEN": SECRET}, "labels": {"team": "a"}}, timeout=200)
+            assert r.status_code == 200 and r.json()["status"] == "running", r.text
+            sid = r.json()["sandbox_id"]
+            try:
+                assert r.json()["env"] == {"TOKEN": "<hidden>"} and r.json()["labels"] == {"team": "a"}
+                assert alice.post(f"/sandboxes/{sid}/exec", json={"command": "echo $TOKEN", "wait": True}
+                                  ).json()["stdout"] == SECRET + "\n"
+                for method, path in (("GET", f"/sandboxes/{sid}"), ("DELETE", f"/sandboxes/{sid}")):
+                    assert bob.request(method, path).status_code == 404
+                assert bob.post(f"/sandboxes/{sid}/exec", json={"command": "true"}).status_code == 404
+                assert sid not in {x["sandbox_id"] for x in bob.get("/sandboxes").json()}
+                listed = {x["sandbox_id"]: x for x in admin.get("/sandboxes").json()}
+                assert listed[sid]["env"] == {"TOKEN": "<hidden>"} and SECRET not in json.dumps(listed)
+                # the backend itself keeps the owner (a hash of the key), so an adopting replica keeps it too
+                in_process = {"type": backend, **({"root": str(root)} if backend == "local" else config)}
+                with SandboxClient(in_process, cleanup_at_exit=False) as direct:
+                    labels = direct.get_sandbox(sid).record.labels
+                assert labels[OWNER_LABEL] == key_owner(ALICE) and ALICE not in json.dumps(labels)
+            finally:
+                assert alice.delete(f"/sandboxes/{sid}").json()["status"] == "deleted"
+    finally:
+        orch.stop()
+        remove_all_sandboxes(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------- in-process sandboxes
 
 
