@@ -408,14 +408,27 @@ def _gated_backend(root: Path):
     return GatedLocalBackend(LocalBackendConfig(root=root, die_with_client=False))
 
 
-def test_delete_during_a_slow_create_leaves_no_sandbox():
+@pytest.mark.parametrize("delete_via", ["same-replica", "other-replica"])
+def test_delete_during_a_slow_create_leaves_no_sandbox(delete_via, tmp_path):
+    """other-replica: the delete goes to a second replica (a subprocess) sharing Redis and
+    the root with the one whose backend is still creating."""
     from orchard_gym.service import ServiceSettings, create_app
 
     root = short_root("slow")
     backend = _gated_backend(root)
-    server = _InThreadServer(create_app(ServiceSettings(api_keys=[ALICE], reconcile_interval=60), backend=backend))
+    redis_server = other = None
+    settings = {"api_keys": [ALICE], "reconcile_interval": 60}
+    if delete_via == "other-replica":
+        _need_redis()
+        redis_server = RedisServer(tmp_path)
+        settings.update(redis_url=redis_server.url, replica_id="gated")
+    server = _InThreadServer(create_app(ServiceSettings(**settings), backend=backend))
     try:
-        with httpx.Client(base_url=server.url, headers={"X-API-Key": ALICE}, timeout=60) as http:
+        if redis_server is not None:
+            other = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, redis_url=redis_server.url,
+                                 replica_id="deleter", reconcile_interval=60)
+        deleter = other.http() if other else httpx.Client(base_url=server.url, headers={"X-API-Key": ALICE}, timeout=60)
+        with httpx.Client(base_url=server.url, headers={"X-API-Key": ALICE}, timeout=60) as http, deleter:
             for sandbox_id, wait in (("late-one", "false"), ("late-two", "true")):
                 backend.entered.clear()
                 backend.gate.clear()
@@ -424,14 +437,15 @@ def test_delete_during_a_slow_create_leaves_no_sandbox():
                     "/sandboxes", params={"wait": wait}, json={"sandbox_id": sandbox_id})))
                 creating.start()
                 assert backend.entered.wait(30)
-                deleted = http.delete(f"/sandboxes/{sandbox_id}")
+                deleted = deleter.delete(f"/sandboxes/{sandbox_id}")
                 assert deleted.json() == {"status": "deleted", "sandbox_id": sandbox_id}
                 backend.gate.set()  # the backend now makes the sandbox the delete did not find
                 creating.join(60)
                 r = answer["r"]
                 assert r.status_code == 404 and r.json()["error"] == "SandboxNotFound", r.text
                 assert "deleted while it was being created" in r.json()["detail"]
-                assert http.get(f"/sandboxes/{sandbox_id}").status_code == 404
+                for h in (http, deleter):
+                    assert h.get(f"/sandboxes/{sandbox_id}").status_code == 404
                 assert wait_until(lambda: asyncio.run(backend.get(sandbox_id)) is None, 10)
                 assert not (root / sandbox_id).exists()
                 assert wait_until(lambda: not marked_pids(f"ORCHARD_SANDBOX={sandbox_id}"), 10)
@@ -439,10 +453,14 @@ def test_delete_during_a_slow_create_leaves_no_sandbox():
             backend.gate.set()
             ok = http.post("/sandboxes", params={"wait": "true"}, json={"sandbox_id": "on-time"}).json()
             assert ok["status"] == "running"
-            assert http.delete("/sandboxes/on-time").status_code == 200
+            assert deleter.delete("/sandboxes/on-time").status_code == 200
     finally:
         backend.gate.set()
         server.close()
+        if other is not None:
+            other.stop()
+        if redis_server is not None:
+            redis_server.close()
         remove_all_sandboxes(root)
         shutil.rmtree(root, ignore_errors=True)
 
