@@ -31,6 +31,17 @@ def short_root(tag: str) -> Path:
     return root
 
 
+def need_redis_server() -> None:
+    """Skip without redis-server, unless $ORCHARD_REQUIRE names redis (CI installs it): then fail."""
+    import pytest
+
+    pytest.importorskip("redis")
+    if shutil.which("redis-server") is None:
+        if "redis" in os.environ.get("ORCHARD_REQUIRE", "").split(","):
+            pytest.fail("redis-server is not installed but ORCHARD_REQUIRE names redis")
+        pytest.skip("redis-server is not installed (bash scripts/setup_system.sh)")
+
+
 class RedisServer:
     """redis-server in a temp dir, no persistence. `args`: more redis-server options (e.g.
     `["--requirepass", pw]` or `--user` ACL rules); `unixsocket`: also listen there."""
