@@ -234,7 +234,15 @@ def serve_cmd(host, port, backend, redis_url) -> None:
         from .service.app import serve
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra (pip install 'orchard-gym[server]')") from e
-    serve(ServiceSettings(**overrides), host=host, port=port)
+    from pydantic import ValidationError
+
+    try:
+        settings = ServiceSettings(**overrides)
+    except ValidationError as e:  # one line per bad setting, never the values (they may be secrets)
+        problems = "; ".join(f"ORCHARD_{'_'.join(map(str, err['loc'])).upper() or 'SETTINGS'}: {err['msg']}"
+                             for err in e.errors())
+        raise click.ClickException(f"bad orchestrator settings: {problems}") from None
+    serve(settings, host=host, port=port)
 
 
 @main.command("proxy")

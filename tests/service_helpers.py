@@ -31,25 +31,40 @@ def short_root(tag: str) -> Path:
     return root
 
 
-class RedisServer:
-    """redis-server in a temp dir, no persistence."""
+def need_redis_server() -> None:
+    """Skip without redis-server, unless $ORCHARD_REQUIRE names redis (CI installs it): then fail."""
+    import pytest
 
-    def __init__(self, workdir: Path):
+    pytest.importorskip("redis")
+    if shutil.which("redis-server") is None:
+        if "redis" in os.environ.get("ORCHARD_REQUIRE", "").split(","):
+            pytest.fail("redis-server is not installed but ORCHARD_REQUIRE names redis")
+        pytest.skip("redis-server is not installed (bash scripts/setup_system.sh)")
+
+
+class RedisServer:
+    """redis-server in a temp dir, no persistence. `args`: more redis-server options (e.g.
+    `["--requirepass", pw]` or `--user` ACL rules); `unixsocket`: also listen there."""
+
+    def __init__(self, workdir: Path, args: list[str] = (), unixsocket: Path | None = None):
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server is not installed (bash scripts/setup_system.sh)")
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.unixsocket = unixsocket
+        extra = ["--unixsocket", str(unixsocket), "--unixsocketperm", "700"] if unixsocket else []
         self.proc = subprocess.Popen(
             [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(workdir), "--protected-mode", "no"],
+             "--dir", str(workdir), "--protected-mode", "no", *extra, *args],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 10
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
+                    # a Redis that wants a password answers -NOAUTH: it is up all the same
+                    if s.recv(16).startswith((b"+PONG", b"-NOAUTH")):
                         return
             except OSError:
                 pass
@@ -87,8 +102,10 @@ class Orchestrator:
         env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
         env["ORCHARD_API_KEYS"] = self.api_key or ""
         local = self.settings.get("backend", "local") == "local"  # only the local backend has a root
-        env["ORCHARD_BACKEND_CONFIG"] = json.dumps({**({"root": str(self.root)} if local else {}),
-                                                    **self.backend_config})
+        config = {**({"root": str(self.root)} if local else {}), **self.backend_config}
+        if config.get("root", "") is None:  # backend_config={"root": None}: the serve default root
+            del config["root"]
+        env["ORCHARD_BACKEND_CONFIG"] = json.dumps(config)
         for key, value in self.settings.items():
             env[f"ORCHARD_{key.upper()}"] = str(value)
         return env

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hmac
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Security
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from fastapi.security import APIKeyHeader
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
 from orchard_gym.errors import InvalidRequest, SandboxTimeout
 from orchard_gym.models import Command, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
 
+from .auth import caller_of, check_labels, check_scope, public_record
 from .errors import status_of
 
 # --------------------------------------------------------------------------- wire models
@@ -102,27 +101,12 @@ def _errors(*codes: int) -> dict:
     return {code: {"model": ErrorOut} for code in (401, 403, *codes)}
 
 
-# --------------------------------------------------------------------------- auth
-api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="one of ORCHARD_API_KEYS")
-
-
-def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> None:
-    keys = request.app.state.settings.api_keys
-    if not keys:
-        return
-    if not key:
-        raise HTTPException(401, "missing X-API-Key header")
-    given = key.encode("utf-8", "surrogateescape")
-    if not any(hmac.compare_digest(given, k.encode()) for k in keys):
-        raise HTTPException(403, "invalid API key")
-
-
 def _svc(request: Request):
     return request.app.state.service
 
 
 def _out(request: Request, record: SandboxRecord) -> dict:
-    data = record.public()
+    data = public_record(record)  # env names only, no owner label
     data["expires_at"] = record.last_heartbeat + request.app.state.settings.sandbox_ttl
     return data
 
@@ -135,7 +119,8 @@ Timeout = Annotated[float, Query(ge=0, le=86400, description="seconds to wait (c
 
 # --------------------------------------------------------------------------- routes
 public = APIRouter()
-router = APIRouter(dependencies=[Depends(require_api_key)])
+# authenticates, and 404s a {sandbox_id} or {job_id} the caller may not see (auth.py)
+router = APIRouter(dependencies=[Depends(check_scope)])
 
 
 @public.get("/", summary="banner")
@@ -187,7 +172,8 @@ async def create_sandbox(request: Request, spec: SandboxSpec,
                          wait: Annotated[bool, Query(description="answer once it is ready (or failed), "
                                                      "within the server's max_wait")] = False) -> dict:
     svc = _svc(request)
-    record = await svc.sandboxes.create(spec)
+    check_labels(spec.labels)
+    record = await svc.sandboxes.create(spec, caller_of(request).owner)
     if wait:
         timeout = _wait_for(request, spec.timeout or svc.settings.ready_timeout)
         try:
@@ -199,7 +185,8 @@ async def create_sandbox(request: Request, spec: SandboxSpec,
 
 @router.get("/sandboxes", summary="list sandboxes", response_model=list[SandboxOut], responses=_errors())
 async def list_sandboxes(request: Request) -> list[dict]:
-    return [_out(request, r) for r in await _svc(request).sandboxes.list()]
+    caller = caller_of(request)
+    return [_out(request, r) for r in await _svc(request).sandboxes.list() if caller.may_see(r)]
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=SandboxOut, responses=_errors(404))
@@ -233,7 +220,7 @@ async def exec_command(request: Request, sandbox_id: str, body: ExecBody) -> Res
     job = await svc.execs.submit(sandbox_id, body.request(), body.wait, wait_timeout)
     if not body.wait:
         return JSONResponse({"job_id": job.job_id, "status": "queued"})
-    return Response(job.model_dump_json(), media_type="application/json")
+    return Response(job.public_json(), media_type="application/json")
 
 
 @router.post("/sandboxes/{sandbox_id}/exec/stream", summary="run a command, streaming its output (NDJSON)",
@@ -256,13 +243,13 @@ async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> Stre
 
 @router.get("/jobs/{job_id}", response_model=JobResult, responses=_errors(404))
 async def get_job(request: Request, job_id: str) -> JobResult:
-    return await _svc(request).execs.get_job(job_id)
+    return (await _svc(request).execs.get_job(job_id)).public()
 
 
 @router.get("/jobs/{job_id}/wait", summary="block until the job is complete", response_model=JobResult,
             responses=_errors(404, 408))
 async def wait_job(request: Request, job_id: str, timeout: Timeout = 30.0) -> JobResult:
-    return await _svc(request).execs.wait_job(job_id, _wait_for(request, timeout))
+    return (await _svc(request).execs.wait_job(job_id, _wait_for(request, timeout))).public()
 
 
 @router.post("/sandboxes/{sandbox_id}/apply_patch", response_model=PatchResult,

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -20,6 +21,7 @@ from orchard_gym.backends.config import parse_backend_config
 from orchard_gym.errors import InvalidRequest, OrchardError
 
 from .api import public, router
+from .auth import KeyRing
 from .errors import status_of
 from .execs import ExecManager
 from .logs import request_id, setup_logging
@@ -54,8 +56,17 @@ def make_store(settings: ServiceSettings) -> Store:
     if settings.redis_url:
         from .redis_store import RedisStore
 
-        return RedisStore(settings.redis_url, settings.redis_prefix)
+        return RedisStore(settings.redis_url, settings.redis_prefix, **settings.redis_options())
     return MemoryStore()
+
+
+async def check_store(settings: ServiceSettings) -> None:
+    """Fail now, with a clear message, if the shared store cannot be used."""
+    store = make_store(settings)
+    try:
+        await store.start()
+    finally:
+        await store.aclose()
 
 
 def make_backend(settings: ServiceSettings):
@@ -95,8 +106,10 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
 
     app = FastAPI(title="orchard-gym orchestrator", version=__version__, lifespan=lifespan,
                   description="Orchard-compatible sandbox API over any backend. "
-                              "Send `X-API-Key` on every route but `/` and `/health`.")
+                              "Send `X-API-Key` on every route but `/` and `/health`; a key sees only "
+                              "the sandboxes it created (an admin key sees all).")
     app.state.settings = settings
+    app.state.keyring = KeyRing(settings.api_keys, settings.admin_keys)
     app.state.metrics = metrics
     app.include_router(public)
     app.include_router(router)
@@ -189,12 +202,14 @@ def serve(settings: ServiceSettings, host: str = "127.0.0.1", port: int = 8000) 
     """Run one replica with uvicorn (`orchard serve`)."""
     import uvicorn
 
-    if not settings.api_keys and not is_loopback(host):
+    if not settings.auth_required and not is_loopback(host):
         raise InvalidRequest(f"refusing to serve on {host} without API keys: set ORCHARD_API_KEYS "
                              f"(comma-separated), or bind a loopback address such as 127.0.0.1")
     setup_logging(settings.log_level)
-    if not settings.api_keys:
+    if not settings.auth_required:
         log.warning("no API keys configured: every caller on this machine is trusted")
+    if settings.redis_url:
+        asyncio.run(check_store(settings))  # a wrong Redis password stops us here, not at the first request
     app = create_app(settings)
     # keep idle connections longer than clients do (httpx: 5 s; the SDK: 30 s), so a client never
     # sends on a connection the server is closing; uvloop and httptools when installed

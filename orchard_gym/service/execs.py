@@ -17,12 +17,13 @@ from contextlib import asynccontextmanager
 
 from orchard_gym.control import job_from_result
 from orchard_gym.errors import JobNotFound, SandboxTimeout, ServiceUnavailable
-from orchard_gym.models import ExecEvent, ExecRequest, JobResult, PatchResult
+from orchard_gym.models import ExecEvent, ExecRequest, PatchResult
 
+from .auth import OWNER_LABEL
 from .errors import job_error
 from .sandboxes import SandboxManager
 from .settings import ServiceSettings
-from .store import Store
+from .store import Job, Store
 
 
 def job_key(job_id: str) -> str:
@@ -77,13 +78,14 @@ class ExecManager:
                 pass
 
     # ------------------------------------------------------------------ exec
-    async def submit(self, sandbox_id: str, req: ExecRequest, wait: bool, wait_timeout: float) -> JobResult:
-        await self.sandboxes.use(sandbox_id)
+    async def submit(self, sandbox_id: str, req: ExecRequest, wait: bool, wait_timeout: float) -> Job:
+        record = await self.sandboxes.use(sandbox_id)
+        key_owner = record.labels.get(OWNER_LABEL)  # the job is readable by whoever may see its sandbox
         self._admit()
         self.waiting += 1
         now = time.time()
-        job = JobResult(job_id=uuid.uuid4().hex, sandbox_id=sandbox_id, command=req.command, status="queued",
-                        created_at=now)
+        job = Job(job_id=uuid.uuid4().hex, sandbox_id=sandbox_id, command=req.command, status="queued",
+                  created_at=now, key_owner=key_owner)
         try:
             await self.store.put_job(job, self.replica, self.settings.job_ttl)
         except BaseException:
@@ -103,7 +105,7 @@ class ExecManager:
             raise exc  # the sandbox died, vanished, ...: the same typed error as in-process
         return done
 
-    async def _run(self, job: JobResult, req: ExecRequest) -> tuple[JobResult, Exception | None]:
+    async def _run(self, job: Job, req: ExecRequest) -> tuple[Job, Exception | None]:
         exc: Exception | None = None
         sandbox_id = job.sandbox_id
         try:
@@ -112,7 +114,8 @@ class ExecManager:
                 await self.store.put_job(job, self.replica, self.settings.job_ttl)
                 result = await self.sandboxes.call(sandbox_id, "exec", req)
             done = job_from_result(sandbox_id, req, result, job.started_at)
-            job = done.model_copy(update={"job_id": job.job_id, "created_at": job.created_at})
+            job = Job.model_validate({**done.model_dump(), "job_id": job.job_id, "created_at": job.created_at,
+                                      "key_owner": job.key_owner})
         except Exception as e:
             exc = e
             job.status, job.completed_at, job.error = "failed", time.time(), job_error(e)
@@ -125,13 +128,13 @@ class ExecManager:
             pass  # the store is down; the local waiter still gets the result
         return job, exc
 
-    async def get_job(self, job_id: str) -> JobResult:
+    async def get_job(self, job_id: str) -> Job:
         job = await self.store.get_job(job_id)
         if job is None:
             raise JobNotFound(f"no job {job_id!r}")
         return job
 
-    async def wait_job(self, job_id: str, timeout: float) -> JobResult:
+    async def wait_job(self, job_id: str, timeout: float) -> Job:
         task = self._tasks.get(job_id)
         if task is not None:  # running here: wait on it directly
             try:

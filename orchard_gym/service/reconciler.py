@@ -7,7 +7,8 @@ reconciler lease then
 - deletes sandboxes whose heartbeat is older than `sandbox_ttl` (the client died),
 - marks failed those whose backend resource vanished or whose agent died,
 - takes over the ready-wait of sandboxes whose creating replica died,
-- adopts sandboxes the backend runs that no record covers,
+- adopts sandboxes the backend runs that no record covers (an orchestrator's only: they
+  carry an owner label),
 - fails the jobs of replicas that died mid-command (their outcome is unknown).
 """
 
@@ -19,6 +20,7 @@ import time
 
 from orchard_gym.errors import SandboxNotFound
 
+from .auth import OWNER_LABEL
 from .execs import ExecManager
 from .sandboxes import LIVE, SandboxManager
 from .settings import ServiceSettings
@@ -107,6 +109,8 @@ class Reconciler:
                 done["resumed"] += 1
 
         for sandbox_id, current in seen.items():
+            if OWNER_LABEL not in current.labels:
+                continue  # not an orchestrator's (an in-process client's, in the same place): never adopted
             if await self.backend.get(sandbox_id) is not None and await self.sandboxes.adopt(current):
                 done["adopted"] += 1
 

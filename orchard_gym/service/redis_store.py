@@ -24,11 +24,13 @@ import uuid
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
+from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError, WatchError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from orchard_gym.models import JobResult, SandboxRecord
+from orchard_gym.models import SandboxRecord
 
-from .store import Store, Updater
+from .settings import redact_url
+from .store import Job, Store, StoreUnavailable, Updater
 
 log = logging.getLogger("orchard_gym.service.redis")
 
@@ -48,13 +50,23 @@ return 0
 """
 
 
+def _is_auth_error(e: Exception) -> bool:
+    # over a unix socket redis-py reports NOAUTH as a plain ConnectionError
+    text = str(e).lower()
+    return isinstance(e, AuthenticationError) or "authentication required" in text or "noauth" in text
+
+
 class RedisStore(Store):
     kind = "redis"
 
-    def __init__(self, url: str, prefix: str = "orchard"):
+    def __init__(self, url: str, prefix: str = "orchard", **options):
+        """`url`: redis://[user[:password]@]host[:port]/db, rediss://... (TLS) or
+        unix://[[user]:password@]/path.sock?db=N; `options`: more `Redis.from_url` arguments
+        (username, password, ssl_ca_certs)."""
         super().__init__()
         self.url, self.p = url, prefix
-        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+        self.r = aioredis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30, **options)
+        self._has_password = bool(options.get("password") or self.r.connection_pool.connection_kwargs.get("password"))
         self._renew = self.r.register_script(_RENEW)
         self._release = self.r.register_script(_RELEASE)
         self._lead = self.r.register_script(_LEAD)
@@ -66,10 +78,13 @@ class RedisStore(Store):
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
-        await self.r.ping()
+        await self.check()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
-        async with asyncio.timeout(10):
-            await self._listening.wait()
+        try:
+            async with asyncio.timeout(10):
+                await self._listening.wait()
+        except TimeoutError:
+            raise StoreUnavailable(f"Redis at {redact_url(self.url)}: pub/sub did not start within 10 s") from None
 
     async def _listen(self) -> None:
         pattern, skip = self._k("ev", "*"), len(self._k("ev", ""))
@@ -95,6 +110,36 @@ class RedisStore(Store):
                     await pubsub.aclose()
                 except Exception:
                     pass
+
+    async def check(self) -> None:
+        """Connect, authenticate and touch our prefix now, so that a wrong password or an ACL
+        that does not let us in stops the replica at start with a clear message, instead of
+        failing requests later."""
+        where = redact_url(self.url)
+        how = ("in ORCHARD_REDIS_URL (redis://user:password@host:port/db) or ORCHARD_REDIS_PASSWORD "
+               "(and ORCHARD_REDIS_USERNAME for an ACL user)")
+        try:
+            await self.r.ping()
+            await self.r.exists(self._k("leader"))
+            pubsub = self.r.pubsub()
+            try:
+                await pubsub.psubscribe(self._k("ev", "*"))
+                await pubsub.get_message(timeout=5)  # the reply: an ACL without our channels says NOPERM
+            finally:
+                await pubsub.aclose()
+        except (AuthenticationError, RedisConnectionError) as e:
+            if not _is_auth_error(e):
+                raise StoreUnavailable(f"cannot reach Redis at {where}: {type(e).__name__}: {e}") from None
+            if self._has_password:
+                raise StoreUnavailable(f"Redis at {where} refused our credentials ({e}); check them {how}") from None
+            raise StoreUnavailable(f"Redis at {where} requires a password and none is set ({e}); set it {how}") from None
+        except NoPermissionError as e:
+            raise StoreUnavailable(f"Redis at {where} does not let this user use keys and channels under "
+                                   f"{self.p + ':'!r} ({e}); fix its ACL or ORCHARD_REDIS_PREFIX") from None
+        except ResponseError as e:
+            raise StoreUnavailable(f"Redis at {where} refused the connection: {e}") from None
+        except (RedisError, OSError) as e:
+            raise StoreUnavailable(f"cannot reach Redis at {where}: {type(e).__name__}: {e}") from None
 
     async def ping(self) -> bool:
         try:
@@ -186,7 +231,7 @@ class RedisStore(Store):
         return [i.decode() for i in await self.r.zrangebyscore(self._k("beats"), "-inf", f"({before}")]
 
     # ----------------------------------------------------------------- jobs
-    async def put_job(self, job: JobResult, owner: str | None, ttl: float) -> None:
+    async def put_job(self, job: Job, owner: str | None, ttl: float) -> None:
         async with self.r.pipeline(transaction=True) as pipe:
             pipe.set(self._k("job", job.job_id), job.model_dump_json(), px=int(ttl * 1000))
             if owner is None:
@@ -195,9 +240,9 @@ class RedisStore(Store):
                 pipe.hset(self._k("jobs-active"), job.job_id, owner)
             await pipe.execute()
 
-    async def get_job(self, job_id: str) -> JobResult | None:
+    async def get_job(self, job_id: str) -> Job | None:
         raw = await self.r.get(self._k("job", job_id))
-        return None if raw is None else JobResult.model_validate_json(raw)
+        return None if raw is None else Job.model_validate_json(raw)
 
     async def active_jobs(self) -> dict[str, str]:
         return {k.decode(): v.decode() for k, v in (await self.r.hgetall(self._k("jobs-active"))).items()}

@@ -19,6 +19,7 @@ from orchard_gym.models import ExecEvent, SandboxRecord, SandboxSpec
 from orchard_gym.retry import RetryPolicy
 
 from .agents import AgentPool
+from .auth import ANONYMOUS, OWNER_LABEL
 from .errors import Conflict
 from .settings import ServiceSettings
 from .store import Store
@@ -43,9 +44,10 @@ class SandboxManager:
         self._watchers: dict[str, asyncio.Task] = {}
 
     # ------------------------------------------------------------------ lifecycle
-    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+    async def create(self, spec: SandboxSpec, owner: str = ANONYMOUS) -> SandboxRecord:
+        """`owner`: the owner label (auth.py) the record and the backend's labels carry."""
         sandbox_id = spec.sandbox_id or new_sandbox_id()
-        spec = spec.model_copy(update={"sandbox_id": sandbox_id})
+        spec = spec.model_copy(update={"sandbox_id": sandbox_id, "labels": {**spec.labels, OWNER_LABEL: owner}})
         timeout = spec.timeout or self.settings.ready_timeout
         now = time.time()
         record = SandboxRecord(
@@ -62,15 +64,33 @@ class SandboxManager:
         except BaseException:
             await self.store.remove_sandbox(sandbox_id)
             raise
-        self.agents.remember(sandbox_id, created.endpoint)
+        deleted_meanwhile = False
 
         def merge(r: SandboxRecord):
+            nonlocal deleted_meanwhile
+            if r.status in ("deleting", "deleted"):
+                deleted_meanwhile = True
+                return False
             r.image, r.workdir = created.image, created.workdir
             r.details = {**created.details, **r.details, "backend_created": True}
 
-        record = await self.store.update_sandbox(sandbox_id, merge) or record
+        merged = await self.store.update_sandbox(sandbox_id, merge)
+        if merged is None or deleted_meanwhile:
+            # a delete came while the backend was creating: it found nothing to delete, so the
+            # sandbox that exists now is ours to remove (or it would live on until nobody reaps it)
+            await self._remove_late(sandbox_id)
+            raise SandboxNotFound(f"sandbox {sandbox_id} was deleted while it was being created")
+        self.agents.remember(sandbox_id, created.endpoint)
         self.watch(created, timeout, started)
-        return record
+        return merged
+
+    async def _remove_late(self, sandbox_id: str) -> None:
+        try:
+            await self.backend.delete(sandbox_id)
+        except Exception as e:
+            log.warning("could not delete a sandbox deleted during its creation",
+                        extra={"sandbox_id": sandbox_id, "error": str(e)})
+        log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": "deleted while being created"})
 
     def watch(self, backend_record: SandboxRecord, timeout: float, started: float | None = None) -> None:
         """Wait for the agent in the background; set the status and wake the waiters."""
@@ -180,7 +200,11 @@ class SandboxManager:
 
     async def adopt(self, backend_record: SandboxRecord) -> bool:
         """Take over a sandbox the backend runs but no record covers (a replica restarted
-        with an in-memory store, a record lost): it lives on, with a fresh heartbeat."""
+        with an in-memory store, a record lost): it lives on, with a fresh heartbeat. Only an
+        orchestrator's own sandboxes (they carry an owner label) are adopted: one that an
+        in-process client made in the same place is not ours to serve or reap."""
+        if OWNER_LABEL not in backend_record.labels:
+            return False
         now = time.time()
         record = backend_record.model_copy(update={
             "last_heartbeat": now, "endpoint": None,

@@ -1,6 +1,7 @@
 """The orchestrator's settings, read from `ORCHARD_*` environment variables.
 
     ORCHARD_API_KEYS=key1,key2 ORCHARD_REDIS_URL=redis://127.0.0.1:6379/0 orchard serve
+    ORCHARD_REDIS_URL=rediss://orchard@redis.internal:6380/0 ORCHARD_REDIS_PASSWORD=... orchard serve
 
 Every field below is also an environment variable: `sandbox_ttl` is `ORCHARD_SANDBOX_TTL`.
 """
@@ -10,15 +11,40 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import tempfile
 import uuid
+from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
 def _default_replica_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def default_serve_root() -> Path:
+    """The local backend's root under `orchard serve`: never the in-process default
+    (`/tmp/orchard-gym-UID`, or $ORCHARD_LOCAL_ROOT), so the orchestrator never sees, adopts
+    or reaps sandboxes that in-process `SandboxClient()`s made."""
+    return Path(tempfile.gettempdir()) / f"orchard-gym-serve-{os.getuid()}"
+
+
+def redact_url(url: str | None) -> str | None:
+    """The URL with its password replaced by ***, for logs and error messages."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[-1]}"))
 
 
 class ServiceSettings(BaseSettings):
@@ -28,10 +54,19 @@ class ServiceSettings(BaseSettings):
 
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="accepted X-API-Key values, comma-separated; none: no auth (loopback only)")
+    admin_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="X-API-Key values that see and may act on every sandbox, comma-separated")
     backend: str = Field("local", description="backend type: local, docker or kubernetes")
     backend_config: dict[str, Any] = Field(
         default_factory=dict, description="JSON object of the backend config's other fields, e.g. {\"root\": ...}")
-    redis_url: str | None = Field(None, description="share state through Redis (several replicas); none: in memory")
+    redis_url: str | None = Field(
+        None, description="share state through Redis (several replicas): redis://[user[:pass]@]host:port/db, "
+                          "rediss:// (TLS) or unix:///path.sock?db=0; none: in memory")
+    redis_username: str | None = Field(None, description="Redis ACL user (instead of putting it in the URL)")
+    redis_password: SecretStr | None = Field(None, description="Redis password (requirepass/ACL), e.g. from a Secret")
+    redis_ca_certs: str | None = Field(None, description="CA bundle that signs the rediss:// server's certificate")
+    redis_allow_no_auth: bool = Field(
+        False, description="allow a Redis on a non-loopback TCP address without a password (not recommended)")
     redis_prefix: str = Field("orchard", description="prefix of every Redis key and channel")
     replica_id: str = Field(default_factory=_default_replica_id, description="this replica's name")
 
@@ -49,7 +84,7 @@ class ServiceSettings(BaseSettings):
 
     log_level: str = Field("INFO")
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "admin_keys", mode="before")
     @classmethod
     def _split_keys(cls, v):
         if v is None:
@@ -57,6 +92,66 @@ class ServiceSettings(BaseSettings):
         if isinstance(v, str):
             return [k.strip() for k in v.split(",") if k.strip()]
         return v
+
+    @field_validator("api_keys", "admin_keys")
+    @classmethod
+    def _check_keys(cls, v: list[str]) -> list[str]:
+        for key in v:
+            # HTTP header values are visible ASCII; anything else could never be sent
+            if not key.isascii() or not key.isprintable() or key != key.strip():
+                raise ValueError("API keys must be printable ASCII without surrounding spaces")
+        return v
+
+    @field_validator("redis_url")
+    @classmethod
+    def _check_redis_url(cls, v: str | None) -> str | None:
+        if not v:
+            return None
+        try:
+            parts = urlsplit(v)
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as e:
+            raise ValueError(f"cannot parse the Redis URL: {e}") from None
+        if parts.scheme not in REDIS_SCHEMES:
+            raise ValueError(f"the Redis URL must start with redis://, rediss:// or unix://, not {parts.scheme or v!r}")
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError("a unix:// Redis URL needs a socket path, e.g. unix:///run/redis/redis.sock")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("the Redis URL has no host, e.g. redis://127.0.0.1:6379/0")
+        return v
+
+    @model_validator(mode="after")
+    def _check_redis_auth(self):
+        if not self.redis_url:
+            return self
+        parts = urlsplit(self.redis_url)
+        if self.redis_password is not None and parts.password is not None:
+            raise ValueError("the Redis password is set twice (in ORCHARD_REDIS_URL and ORCHARD_REDIS_PASSWORD): "
+                             "set it in one place")
+        if self.redis_username and parts.username:
+            raise ValueError("the Redis user is set twice (in ORCHARD_REDIS_URL and ORCHARD_REDIS_USERNAME)")
+        has_password = self.redis_password is not None or parts.password is not None
+        if parts.scheme != "unix" and not has_password and not self.redis_allow_no_auth \
+                and not is_loopback(parts.hostname or ""):
+            raise ValueError(f"refusing a Redis on {parts.hostname} without a password: anyone who reaches it could "
+                             f"rewrite sandbox records. Set ORCHARD_REDIS_PASSWORD (requirepass or an ACL user), "
+                             f"or ORCHARD_REDIS_ALLOW_NO_AUTH=true")
+        return self
+
+    @property
+    def auth_required(self) -> bool:
+        return bool(self.api_keys or self.admin_keys)
+
+    def redis_options(self) -> dict[str, Any]:
+        """Keyword arguments for `redis.asyncio.Redis.from_url` beside the URL."""
+        options: dict[str, Any] = {}
+        if self.redis_username:
+            options["username"] = self.redis_username
+        if self.redis_password is not None:
+            options["password"] = self.redis_password.get_secret_value()
+        if self.redis_ca_certs:
+            options["ssl_ca_certs"] = self.redis_ca_certs
+        return options
 
     @property
     def replica_dead_after(self) -> float:
@@ -67,12 +162,14 @@ class ServiceSettings(BaseSettings):
         if self.backend == "local":
             # sandboxes must outlive a replica restart so that it (or another) adopts them
             config["die_with_client"] = False
+            config.setdefault("root", str(default_serve_root()))
         return config
 
 
 def is_loopback(host: str) -> bool:
     if host in ("localhost", ""):
         return host == "localhost"
+    host = host.strip("[]")
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

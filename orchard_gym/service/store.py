@@ -15,10 +15,30 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
+from pydantic import Field
+
+from orchard_gym.errors import ServiceUnavailable
 from orchard_gym.models import JobResult, SandboxRecord
 
 # An update function mutates the record in place; returning False means "leave it as it was".
 Updater = Callable[[SandboxRecord], bool | None]
+
+
+class StoreUnavailable(ServiceUnavailable):
+    """The shared store cannot be used (unreachable, or it refused our credentials)."""
+
+
+class Job(JobResult):
+    """A job as the store keeps it: with the owner label of the key that ran it (see auth.py),
+    which the API never shows."""
+
+    key_owner: str | None = Field(None, description="sha256 of the API key that ran it")
+
+    def public_json(self) -> str:
+        return self.model_dump_json(exclude={"key_owner"})
+
+    def public(self) -> JobResult:
+        return JobResult.model_validate(self.model_dump(exclude={"key_owner"}))
 
 
 class Waiter:
@@ -106,11 +126,11 @@ class Store(ABC):
 
     # ----------------------------------------------------------------- jobs
     @abstractmethod
-    async def put_job(self, job: JobResult, owner: str | None, ttl: float) -> None:
+    async def put_job(self, job: Job, owner: str | None, ttl: float) -> None:
         """Write a job; `owner` is the replica running it (None once it has finished)."""
 
     @abstractmethod
-    async def get_job(self, job_id: str) -> JobResult | None: ...
+    async def get_job(self, job_id: str) -> Job | None: ...
 
     @abstractmethod
     async def active_jobs(self) -> dict[str, str]:
@@ -164,7 +184,7 @@ class MemoryStore(Store):
         super().__init__()
         self._sandboxes: dict[str, SandboxRecord] = {}
         self._beats: dict[str, float] = {}
-        self._jobs: dict[str, tuple[JobResult, float]] = {}
+        self._jobs: dict[str, tuple[Job, float]] = {}
         self._active: dict[str, str] = {}
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._last_prune = time.monotonic()
@@ -211,7 +231,7 @@ class MemoryStore(Store):
     async def expired(self, before: float) -> list[str]:
         return [sid for sid, beat in self._beats.items() if beat < before]
 
-    async def put_job(self, job: JobResult, owner: str | None, ttl: float) -> None:
+    async def put_job(self, job: Job, owner: str | None, ttl: float) -> None:
         self._jobs[job.job_id] = (job.model_copy(), time.monotonic() + ttl)
         if owner is None:
             self._active.pop(job.job_id, None)
@@ -227,7 +247,7 @@ class MemoryStore(Store):
         for job_id in [j for j, (_, until) in self._jobs.items() if until < now and j not in self._active]:
             del self._jobs[job_id]
 
-    async def get_job(self, job_id: str) -> JobResult | None:
+    async def get_job(self, job_id: str) -> Job | None:
         entry = self._jobs.get(job_id)
         if entry is None or (entry[1] < time.monotonic() and job_id not in self._active):
             return None
