@@ -288,3 +288,25 @@ def test_protected_path_rules():
 def test_grading_options_reject_garbage(kwargs):
     with pytest.raises(gym.error.Error, match="must be True or False"):
         SWEEnv(backend={"type": "local"}, **kwargs)
+
+
+def test_orchard_eval_counts_broken_tasks_apart(tmp_path, local_root):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    task = TASKS[SEMVER]
+    row = json.loads(task.model_copy(update={"test_cmd": task.test_cmd.replace(" -rA", "")}).model_dump_json())
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")  # source_archive stays absolute
+    out = tmp_path / "traj.jsonl"
+    r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--policy", "oracle", "--tasks",
+                        str(tmp_path / "tasks.jsonl"), "--out", str(out)], capture_output=True, text=True, cwd=REPO,
+                       timeout=600, env={**os.environ, "ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert r.returncode == 0, r.stderr
+    assert "resolved 0/1" in r.stdout and "infrastructure errors 0; broken tasks 1" in r.stdout, r.stdout
+    assert "BROKEN TASK grading:" in r.stdout
+    trajectory = json.loads(out.read_text())
+    assert trajectory["error_kind"] == "grading" and trajectory["report"]["test_output_tail"]
