@@ -205,15 +205,16 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
     wall = time.monotonic() - started
     ok = [t for t in results if t.ok]
     resolved = sum(1 for t in ok if t.reward > 0)
+    broken = sum(1 for t in results if t.error_kind == "grading")  # the task, not the agent, failed
     click.echo(f"\n{env_id} · policy {policy} · backend {backend} · {len(results)} episodes in {wall:.1f}s")
     click.echo(f"resolved {resolved}/{len(results)} ({resolved / len(results):.1%}); "
-               f"infrastructure errors {len(results) - len(ok)}")
+               f"infrastructure errors {len(results) - len(ok) - broken}; broken tasks {broken}")
     if results:
         steps = sum(t.steps for t in results) / len(results)
         secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
         click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
     for t in results:
-        mark = "ERROR " + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
+        mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
 

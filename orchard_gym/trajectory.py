@@ -37,6 +37,7 @@ class Trajectory(BaseModel):
     terminated: bool = False
     truncated: bool = False
     error: str | None = None
+    error_kind: str | None = Field(None, description="'grading' when the task could not be graded (a broken task)")
     started_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)

@@ -1,11 +1,16 @@
 #!/usr/bin/env python3
-"""Env overhead: SWE-v0 step against a raw SDK exec, and reset latency, per backend.
+"""Env overhead: SWE-v0 step against a raw SDK exec, reset latency, and grading cost, per backend.
 
-    python scripts/bench_env.py [-n 200] [--resets 20] [--backend local|docker]
+    python scripts/bench_env.py [-n 200] [--resets 20] [--gradings 3] [--backend local|docker]
 
 A step parses the action, runs the bash tool and (by default) fingerprints the working
 tree with `git status`/`git diff`; the baseline is the same command through the SDK
 (`sandbox.exec`) in the same sandbox, measured in the same run.
+
+Grading: episodes that apply the gold patch and submit, grading alternately in a fresh
+sandbox (the default: a new sandbox, the repository, the diff, the tests) and in place
+(`grade_in_place=True`: the tests in the policy's sandbox), so both see the same load;
+the time of the submit step is the grading cost, set against the whole episode.
 """
 
 from __future__ import annotations
@@ -37,6 +42,25 @@ async def timed(coro_fn, n: int) -> list[float]:
     return out
 
 
+async def grading_costs(client, n: int) -> list[tuple[str, list[float], list[float]]]:
+    """(label, submit-step seconds, episode seconds) for fresh-sandbox and in-place grading."""
+    samples = {False: ([], []), True: ([], [])}
+    for i in range(2 * n):
+        in_place = bool(i % 2)
+        env = SWEEnv(client=client, grade_in_place=in_place)
+        started = time.perf_counter()
+        await env.areset(options={"task_id": TASK})
+        await env.astep({"name": "bash", "arguments": {"command": f"git apply <<'EOF'\n{env.task.patch}\nEOF"}})
+        t = time.perf_counter()
+        _, reward, *_ = await env.astep({"name": "submit"})
+        samples[in_place][0].append(time.perf_counter() - t)
+        samples[in_place][1].append(time.perf_counter() - started)
+        await env.aclose()
+        if reward != 1.0:
+            raise SystemExit(f"the gold patch graded {reward} ({'in place' if in_place else 'fresh sandbox'})")
+    return [("grading in place", *samples[True]), ("grading in a fresh sandbox", *samples[False])]
+
+
 async def main(args) -> None:
     config = {"type": args.backend}
     if args.backend == "local":
@@ -65,6 +89,7 @@ async def main(args) -> None:
             box = await client.create_sandbox(image=None if args.backend == "local" else env.get_task(TASK).image)
             bare.append(time.perf_counter() - t)
             await box.delete()
+        gradings = await grading_costs(client, args.gradings) if args.gradings else []
     print(f"backend {args.backend}")
     print(f"{'variant':42} {'p50 ms':>9} {'p95 ms':>9} {'ratio':>7}")
     for i in range(0, len(rows), 2):
@@ -75,11 +100,22 @@ async def main(args) -> None:
     for label, samples in (("create_sandbox (bare)", bare), ("env.reset (sandbox + repo + git)", resets)):
         p50, p95 = stats(samples)
         print(f"{label:42} {p50 * 1e3:9.2f} {p95 * 1e3:9.2f}")
+    if gradings:
+        print(f"\n{'grading (gold patch, ' + TASK + ')':42} {'median s':>9} {'max s':>9} {'ratio':>7} "
+              f"{'episode s':>10}")
+        base = statistics.median(gradings[0][1])
+        for label, grade_s, episode_s in gradings:
+            print(f"{label:42} {statistics.median(grade_s):9.2f} {max(grade_s):9.2f} "
+                  f"{statistics.median(grade_s) / base:6.2f}x {statistics.median(episode_s):10.2f}")
+        extra = statistics.median(gradings[1][1]) - base
+        print(f"fresh-sandbox grading costs {extra:+.2f}s per episode over in-place (n={len(gradings[0][1])} each, "
+              f"alternated)")
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=200, help="steps per variant")
     p.add_argument("--resets", type=int, default=20)
+    p.add_argument("--gradings", type=int, default=3, help="episodes per grading mode (0: skip)")
     p.add_argument("--backend", default="local", choices=["local", "docker"])
     asyncio.run(main(p.parse_args()))

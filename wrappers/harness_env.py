@@ -269,6 +269,10 @@ class HarnessEnv(gym.Env):
             reward, report = await self.task_env.grade(self.task_env._ctx, self.task_env.task)
         except INFRA_ERRORS as e:
             return await self._end(None, f"grading failed: {type(e).__name__}: {e}", truncated=True)
+        if report.get("error_kind"):  # a task that cannot be graded (e.g. SWE's broken tasks): dropped, not 0.0
+            self.trajectory.error_kind = report["error_kind"]
+            return await self._end(None, f"grading: {report['error']}", report, terminated=terminated,
+                                   truncated=truncated, **extra)
         return await self._end(reward, None, report, terminated=terminated, truncated=truncated, **extra)
 
     async def _handle(self, kind: str, value: Any, answered: int) -> tuple:

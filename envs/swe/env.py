@@ -2,10 +2,23 @@
 
 `reset` unpacks the task's repository (at its base state, committed to a fresh git
 repo) into the sandbox; the policy works with `bash`, `str_replace_editor` and
-`submit`. At the end the submitted patch is `git diff` of the repository; the test
-files are put back to their base state, the task's test patch is applied, the tests
-run, and SWE-bench's own grading turns the log into the reward: 1.0 when every
-FAIL_TO_PASS and PASS_TO_PASS test passes, else 0.0. `info["report"]` has the details.
+`submit`. Grading (as SWE-bench does; `evaluation.py`): the submission is the
+repository's `git diff --binary` against the base commit; it is applied to a *fresh*
+sandbox of the same task, the protected paths (`protected.py`: test files,
+`conftest.py`, start-up hooks, runner configs, bytecode, import-shadowing modules) are
+put back to base there, the task's test patch is applied, the tests run, and SWE-bench's
+own grading turns the log into the reward: 1.0 when every FAIL_TO_PASS and PASS_TO_PASS
+test passes, else 0.0. Nothing the policy left in its own sandbox (processes, an edited
+venv, files outside the repository) takes part. `grade_in_place=True` skips the fresh
+sandbox (faster; protected paths are still put back, but processes and the
+environment of the policy's sandbox are trusted). The grading sandbox is always deleted.
+
+A run whose output names none of the task's tests (e.g. a `test_cmd` without `-rA`)
+is checked against the gold patch in another fresh sandbox: if the gold patch's run
+names them, the submission broke the test run (0.0); if not, the task is broken and the
+trajectory is marked errored (`report["error_kind"] == "grading"`,
+`trajectory.error_kind == "grading"`), so trainers drop it and `orchard eval` counts it
+apart. `info["report"]` has the details, including the last 4 KB of test output.
 
 Where the test environment comes from (`runtime`):
 - "host" (the default on the local backend): a venv with the task's requirements,
@@ -16,22 +29,29 @@ Where the test environment comes from (`runtime`):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
 import shlex
 from pathlib import Path
 from typing import Any, Literal
+
+import gymnasium as gym
 
 from orchard_gym._loop import run_in_thread
 from orchard_gym.client import AsyncSandboxInstance
 from orchard_gym.errors import OrchardError
 
-from ..base import SandboxEnv
+from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
+from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, submitted_patch
+from .protected import ProtectedPaths, base_names
 from .tasks import SWETask, load_tasks
 from .venvs import ensure_venv
 
 IMAGE_VENV = "/opt/venv"
-GIT = "git -c user.name=orchard -c user.email=orchard@localhost -c core.quotepath=off"
+MAX_REPORTED_PATCH = 1_000_000  # characters of the submitted patch kept in the report
 
 INSTRUCTIONS = """\
 You are a software engineer. The repository {repo} is checked out in your working directory.
@@ -51,15 +71,23 @@ Python with the project's test dependencies is on PATH ({python_hint})."""
 class SWEEnv(SandboxEnv):
     """Gymnasium env over SWE tasks (see module docstring). Extra kwargs: `tasks`
     ('builtin', a file or a folder), `runtime` ('auto', 'host', 'image'),
-    `test_timeout` (seconds for the test run)."""
+    `test_timeout` (seconds for the test run), `grade_in_place` (grade in the policy's
+    sandbox instead of a fresh one; off by default), `reference_check` (run the gold
+    patch when a grading names no test results, to tell a broken task from a failed
+    agent; on by default)."""
 
     env_id = "Orchard/SWE-v0"
 
     def __init__(self, *, tasks: str | Path | dict[str, SWETask] = "builtin",
-                 runtime: Literal["auto", "host", "image"] = "auto", test_timeout: float = 900.0, **kwargs: Any):
+                 runtime: Literal["auto", "host", "image"] = "auto", test_timeout: float = 900.0,
+                 grade_in_place: bool = False, reference_check: bool = True, **kwargs: Any):
+        for name, value in (("grade_in_place", grade_in_place), ("reference_check", reference_check)):
+            if not isinstance(value, bool):
+                raise gym.error.Error(f"{name} must be True or False, not {value!r}")
         self._tasks = tasks if isinstance(tasks, dict) else load_tasks(tasks)
         self.runtime = runtime
         self.test_timeout = test_timeout
+        self.grade_in_place, self.reference_check = grade_in_place, reference_check
         super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ hooks
@@ -95,11 +123,15 @@ class SWEEnv(SandboxEnv):
             raise OrchardError(f"task {task.instance_id} has no source_archive; cannot build its repository")
         archive = f"{base}/.orchard-src.tar.gz"
         await sandbox.upload_content(await run_in_thread(task.source_archive.read_bytes), archive)
+        # every file of the archive is in the base commit (-f: even those its .gitignore names), and
+        # so is what the set-up commands make: the grader compares a tree against exactly that
         script = (f"mkdir -p {shlex.quote(repo)} && tar -xzf {shlex.quote(archive)} -C {shlex.quote(repo)} && "
-                  f"rm -f {shlex.quote(archive)} && cd {shlex.quote(repo)} && {GIT} init -q && {GIT} add -A && "
+                  f"rm -f {shlex.quote(archive)} && cd {shlex.quote(repo)} && {GIT} init -q && {GIT} add -A -f && "
                   f"{GIT} commit -qm base")
         for command in task.setup_commands:
             script += f" && ({command})"
+        if task.setup_commands:
+            script += f" && {GIT} add -A -f && {GIT} commit -q --allow-empty -m setup"
         r = await sandbox.exec(script, timeout=600, env=env)
         if r.exit_code != 0:
             raise OrchardError(f"setting up {task.instance_id} failed ({r.exit_code}): {(r.stdout + r.stderr)[-2000:]}")
@@ -115,23 +147,106 @@ class SWEEnv(SandboxEnv):
         return r.stdout.split()[0] if r.exit_code == 0 and r.stdout else None
 
     async def submitted_patch(self, ctx: ToolContext) -> str:
-        r = await ctx.sandbox.exec(f"{GIT} add -A && {GIT} diff --cached HEAD", cwd=ctx.cwd, timeout=120)
-        return r.stdout
+        return (await submitted_patch(ctx)).decode("utf-8", "replace")
 
     async def grade(self, ctx: ToolContext, task: SWETask) -> tuple[float, dict]:
         from .grading import grade
 
-        patch = await self.submitted_patch(ctx)
-        # SWE-bench puts the test files back to base before applying the test patch
-        restore = " ; ".join(f"({GIT} checkout HEAD -- {shlex.quote(f)} 2>/dev/null || rm -f {shlex.quote(f)})"
-                             for f in task.test_files)
-        if restore:
-            await ctx.sandbox.exec(restore, cwd=ctx.cwd, timeout=120)
-        applied = await ctx.sandbox.apply_patch(task.test_patch, cwd=ctx.cwd, timeout=120)
-        if not applied.success:
-            return 0.0, {"resolved": False, "reward": 0.0, "patch": patch,
-                         "error": f"the test patch did not apply: {applied.stderr[-1000:]}"}
-        run = await ctx.sandbox.exec(task.test_cmd, cwd=ctx.cwd, env=ctx.env, timeout=self.test_timeout)
-        report = await run_in_thread(grade, run.stdout + run.stderr, task.model_dump(mode="json"), run.exit_code)
-        report.update(patch=patch, test_exit_code=run.exit_code, test_timed_out=run.timed_out)
-        return float(report["reward"]), report
+        patch = await submitted_patch(ctx)
+        report: dict[str, Any] = {"patch": patch.decode("utf-8", "replace")[:MAX_REPORTED_PATCH],
+                                  "graded_in": "in_place" if self.grade_in_place else "fresh_sandbox"}
+        if len(patch) > MAX_PATCH_BYTES:
+            report.update(resolved=False, reward=0.0, dropped=[],
+                          patch_error=f"the submitted patch is {len(patch)} bytes (limit {MAX_PATCH_BYTES})")
+            return 0.0, report
+        try:
+            if self.grade_in_place:
+                run = await run_tests(ctx, task, self._rules(task, ctx.env), None, self.test_timeout)
+            else:
+                run = await self._run_fresh(task, patch)
+        except INFRA_ERRORS:
+            raise  # the env marks the trajectory failed (infrastructure)
+        except (OrchardError, RuntimeError) as e:
+            return 0.0, self._broken(report, f"the grading sandbox failed: {type(e).__name__}: {e}", TestRun())
+        report["dropped"] = run.dropped
+        if not run.applied:
+            report.update(resolved=False, reward=0.0, patch_error="the submitted patch did not apply",
+                          apply_output=run.apply_output)
+            return 0.0, report
+        if run.test_patch_applied:
+            report.update(await run_in_thread(grade, run.output, task.model_dump(mode="json"), run.exit_code))
+        report.update(test_exit_code=run.exit_code, test_timed_out=run.timed_out, test_output_tail=run.tail)
+        if run.test_patch_applied and report["named"]:
+            return float(report["reward"]), report
+        # the run tells nothing about this task's tests: the submission's fault, or the task's?
+        why = ("the test patch did not apply: " + run.test_patch_output if not run.test_patch_applied else
+               "the test output names none of the task's FAIL_TO_PASS/PASS_TO_PASS tests (does test_cmd "
+               "print per-test results, e.g. pytest -rA?)")
+        if self.reference_check and task.patch:
+            reference = await self._reference(task)
+            report["reference"] = reference
+            if reference.get("named"):
+                report.update(resolved=False, reward=0.0,
+                              note=f"{why}; with the gold patch it does, so the submission broke the test run")
+                return 0.0, report
+            why += "; with the gold patch neither"
+        return 0.0, self._broken(report, why, run)
+
+    # ------------------------------------------------------------------ grading helpers
+    def _rules(self, task: SWETask, env: dict[str, str]) -> ProtectedPaths:
+        return ProtectedPaths(task.test_files, env, base_names(task.source_archive))
+
+    @contextlib.asynccontextmanager
+    async def _fresh_sandbox(self, task: SWETask):
+        """A new sandbox of `task` at its base state, deleted on the way out whatever happens."""
+        client = await self._get_client()
+        box = await client.create_sandbox(image=self.image_for(task))
+        try:
+            yield await self.setup(box, task)
+        finally:
+            with contextlib.suppress(OrchardError):
+                await asyncio.shield(box.delete())
+
+    async def _run_fresh(self, task: SWETask, patch: bytes) -> TestRun:
+        async with self._fresh_sandbox(task) as gctx:
+            return await run_tests(gctx, task, self._rules(task, gctx.env), patch, self.test_timeout)
+
+    async def _reference(self, task: SWETask) -> dict:
+        """Run the gold patch in a fresh sandbox: do its test results name the task's tests?"""
+        from .grading import grade
+
+        key = hashlib.sha256(task.model_dump_json().encode() + self._runtime().encode()).hexdigest()
+        if key in _REFERENCE_NAMED:
+            return {"named": _REFERENCE_NAMED[key], "cached": True}
+        try:
+            run = await self._run_fresh(task, task.patch.encode())
+        except (OrchardError, RuntimeError) as e:
+            return {"named": 0, "error": f"{type(e).__name__}: {e}"}
+        out: dict[str, Any] = {"named": 0, "applied": run.applied, "test_patch_applied": run.test_patch_applied,
+                               "test_exit_code": run.exit_code, "test_output_tail": run.tail}
+        if run.applied and run.test_patch_applied:
+            graded = await run_in_thread(grade, run.output, task.model_dump(mode="json"), run.exit_code)
+            out.update(named=graded["named"], resolved=graded["resolved"])
+        if out["named"]:
+            _REFERENCE_NAMED[key] = out["named"]  # only a positive answer is kept: a broken task is re-checked
+        return out
+
+    @staticmethod
+    def _broken(report: dict, why: str, run: TestRun) -> dict:
+        report.update(resolved=False, reward=0.0, error_kind="grading", error=why)
+        report.setdefault("dropped", run.dropped)
+        report.setdefault("test_output_tail", run.tail)
+        return report
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = await super().astep(action)
+        report = info.get("report") or {}
+        if report.get("error_kind") and self.trajectory.error is None:
+            # a task that cannot be graded is not a failed agent: trainers drop it, eval counts it apart
+            self.trajectory.error = f"grading: {report['error']}"
+            self.trajectory.error_kind = report["error_kind"]
+            info["error"] = self.trajectory.error
+        return obs, reward, terminated, truncated, info
+
+
+_REFERENCE_NAMED: dict[str, int] = {}  # task (+ runtime) -> how many of its tests the gold patch's run names

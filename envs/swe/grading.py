@@ -131,7 +131,9 @@ def grade(test_output: str, task: dict, exit_code: int | None = None) -> dict[st
     RESOLVED_PARTIAL / RESOLVED_NO), ``tests_status`` is SWE-bench's report
     (``{"FAIL_TO_PASS": {"success": [...], "failure": [...]}, "PASS_TO_PASS": ...}``),
     ``parsed`` is False when the output held no usable test results (then nothing
-    is resolved). ``reward`` is 1.0 only for RESOLVED_FULL.
+    is resolved), ``named`` counts the task's FAIL_TO_PASS / PASS_TO_PASS tests that
+    the output reports at all (0: the run tells nothing about this task).
+    ``reward`` is 1.0 only for RESOLVED_FULL.
     """
     spec = _test_spec(task)
     status_map, parsed = _logs_eval(test_output, spec, exit_code)
@@ -141,6 +143,9 @@ def grade(test_output: str, task: dict, exit_code: int | None = None) -> dict[st
     )
     status = _grading.get_resolution_status(report) if parsed else ResolvedStatus.NO.value
     resolved = status == ResolvedStatus.FULL.value
+    resolve = getattr(_grading, "_resolve_case", None) or (lambda case, sm: case if case in sm else None)
+    named = sum(1 for t in {*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS} if resolve(t, status_map) is not None) \
+        if parsed else 0
     return {
         "instance_id": spec.instance_id,
         "resolved": resolved,
@@ -148,4 +153,5 @@ def grade(test_output: str, task: dict, exit_code: int | None = None) -> dict[st
         "status": status,
         "tests_status": report,
         "parsed": parsed,
+        "named": named,
     }

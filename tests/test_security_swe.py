@@ -1,0 +1,312 @@
+"""Reward hacking on Orchard/SWE-v0: attacks that fooled grading in the policy's own sandbox
+must get 0.0, a real fix must still get 1.0, and a task that cannot be graded is an error.
+
+Every attack is first shown to be real: the old grader's steps (restore the test files, apply
+the test patch, run `test_cmd`, grade with SWE-bench's parser) run inside the policy's
+sandbox after the attack and report the task RESOLVED, although nothing was fixed. Then the
+episode is submitted and graded the way the env does it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+from dataclasses import dataclass
+
+import gymnasium as gym
+import pytest
+from test_swe_env import swe_images_missing
+
+from orchard_gym import AsyncSandboxClient
+from orchard_gym.envs.swe.env import SWEEnv
+from orchard_gym.envs.swe.grading import grade
+from orchard_gym.envs.swe.protected import ProtectedPaths, base_names
+from orchard_gym.envs.swe.tasks import load_tasks
+from orchard_gym.trajectory import Trajectory
+
+TASKS = load_tasks("builtin")
+SEMVER = "semver-3.0.2"  # src layout (PYTHONPATH=src), tests/conftest.py at base, 2 tests
+PARSE = "parse-1.20.1"  # flat layout: its module (parse.py) sits in the repository root
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.skipif(
+        swe_images_missing() is not None, reason=str(swe_images_missing()))]),
+]
+
+
+def config_for(backend: str, local_root) -> dict:
+    return {"type": "local", "root": str(local_root)} if backend == "local" else {"type": "docker"}
+
+
+def bash(command: str) -> dict:
+    return {"name": "bash", "arguments": {"command": command}}
+
+
+def write(path: str, text: str, append: bool = False) -> str:
+    return f"mkdir -p \"$(dirname {shlex.quote(path)})\" && cat {'>>' if append else '>'} {shlex.quote(path)} " \
+           f"<<'ORCHARD_EOF'\n{text}\nORCHARD_EOF"
+
+
+FORCE_PASS_HOOK = """
+import pytest as _orchard_pytest
+
+@_orchard_pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    report.outcome = "passed"
+    return report
+"""
+
+
+def conftest_attack(task) -> list[str]:
+    return [write("tests/conftest.py", FORCE_PASS_HOOK, append=True)]
+
+
+def background_attack(task) -> list[str]:
+    """A process left running that swaps the test file for a trivial one once the grader's test
+    patch is in (so it cannot be mistaken for a failed patch apply)."""
+    target = task.test_files[0]
+    names = [t.split("::")[-1] for t in task.FAIL_TO_PASS + task.PASS_TO_PASS]
+    fake = "# ORCHARD_FAKE\n" + "".join(f"def {n}():\n    pass\n" for n in names)
+    marker = task.FAIL_TO_PASS[0].split("::")[-1]
+    loop = (f"while :; do if grep -q {marker} {target} && ! grep -q ORCHARD_FAKE {target}; then "
+            f"cp ../.orchard-fake.py {target}; fi; sleep 0.02; done")
+    return [write("../.orchard-fake.py", fake),
+            f"setsid nohup sh -c {shlex.quote(loop)} >/dev/null 2>&1 < /dev/null & echo started"]
+
+
+def sitecustomize_attack(task) -> list[str]:
+    hook = 'import os\nos.environ["PYTEST_PLUGINS"] = "sitecustomize"\ntry:\n' + \
+        "".join(f"    {line}\n" for line in FORCE_PASS_HOOK.strip().splitlines()) + "except ImportError:\n    pass\n"
+    return [write("src/sitecustomize.py", hook)]  # semver runs with PYTHONPATH=src
+
+
+def root_pytest_attack(task) -> list[str]:
+    lines = "".join(f"print('PASSED {t}')\n" for t in task.FAIL_TO_PASS + task.PASS_TO_PASS)
+    return [write("pytest.py", f"import sys\n{lines}sys.exit(0)")]  # `python -m pytest` imports it first
+
+
+def venv_attack(task) -> list[str]:
+    """The test environment's own site-packages (writable in a container): a .pth loads a plugin."""
+    site = "$(python -c 'import sysconfig; print(sysconfig.get_paths()[\"purelib\"])')"
+    return [write("/tmp/orchard_force.py", FORCE_PASS_HOOK),
+            f"cp /tmp/orchard_force.py {site}/ && "
+            f"echo 'import os; os.environ.setdefault(\"PYTEST_PLUGINS\", \"orchard_force\")' > {site}/orchard_force.pth"]
+
+
+@dataclass
+class Outcome:
+    fooled_old_grader: bool | None
+    reward: float
+    report: dict
+    info: dict
+    trajectory: Trajectory
+    live_sandboxes: set[str]  # of those the episode made, still there after grading
+    policy_sandbox: str
+
+
+async def grade_in_policy_sandbox(env: SWEEnv, task) -> bool:
+    """The grader as it was: test files back, test patch, test_cmd, all inside the policy's sandbox."""
+    ctx = env._ctx
+    restore = " ; ".join(f"git checkout HEAD -- {shlex.quote(f)} 2>/dev/null || rm -f {shlex.quote(f)}"
+                         for f in task.test_files)
+    await ctx.sandbox.exec(restore, cwd=ctx.cwd, timeout=60)
+    assert (await ctx.sandbox.apply_patch(task.test_patch, cwd=ctx.cwd)).success
+    await asyncio.sleep(0.5)  # what a grader does next takes longer than this anyway
+    run = await ctx.sandbox.exec(task.test_cmd, cwd=ctx.cwd, env=ctx.env, timeout=300)
+    return grade(run.stdout + run.stderr, task.model_dump(mode="json"), run.exit_code)["resolved"]
+
+
+async def episode(config: dict, task_id: str, commands: list[str], *, prove: bool = True, tasks=None,
+                  env_class=SWEEnv, **env_kwargs) -> Outcome:
+    async with AsyncSandboxClient(config) as client:
+        created: list[str] = []
+        create = client.create_sandbox
+
+        async def spy(*args, **kwargs):  # remember every sandbox the env makes, grading ones included
+            box = await create(*args, **kwargs)
+            created.append(box.sandbox_id)
+            return box
+
+        client.create_sandbox = spy
+        env = env_class(client=client, tasks=tasks or TASKS, **env_kwargs)
+        try:
+            await env.areset(options={"task_id": task_id})
+            task = env.task
+            for command in commands:
+                obs, *_ = await env.astep(bash(command))
+                assert "[exit code" not in obs, obs
+            fooled = await grade_in_policy_sandbox(env, task) if prove else None
+            obs, reward, terminated, truncated, info = await env.astep({"name": "submit"})
+            policy = env.trajectory.sandbox_id
+            live = {r.sandbox_id for r in await client.list_sandboxes()} & set(created)
+        finally:
+            await env.aclose()
+        return Outcome(fooled, reward, info.get("report", {}), info, env.trajectory, live, policy)
+
+
+def dropped_paths(report: dict) -> set[str]:
+    return {d["path"] for d in report["dropped"]}
+
+
+def assert_graded_zero(out: Outcome) -> None:
+    assert out.reward == 0.0 and not out.report["resolved"], out.report
+    assert out.trajectory.ok and out.trajectory.error_kind is None  # a failed agent, not a broken task
+    assert out.report["named"] > 0  # the real tests ran and were parsed
+    assert out.live_sandboxes == {out.policy_sandbox}  # the grading sandbox is gone
+
+
+# ------------------------------------------------------------------ attacks on the working tree
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("grade_in_place", [False, True], ids=["fresh", "in-place"])
+@pytest.mark.parametrize("attack,task_id,planted", [
+    (conftest_attack, SEMVER, "tests/conftest.py"),
+    (sitecustomize_attack, SEMVER, "src/sitecustomize.py"),
+    (root_pytest_attack, PARSE, "pytest.py"),
+], ids=["conftest", "sitecustomize", "root-pytest"])
+def test_planted_files_fool_the_old_grader_but_score_zero(local_root, backend, grade_in_place, attack, task_id,
+                                                         planted):
+    out = asyncio.run(episode(config_for(backend, local_root), task_id, attack(TASKS[task_id]),
+                              grade_in_place=grade_in_place))
+    assert out.fooled_old_grader is True  # the attack is real
+    assert_graded_zero(out)
+    assert planted in dropped_paths(out.report), out.report["dropped"]
+    assert out.report["graded_in"] == ("in_place" if grade_in_place else "fresh_sandbox")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_background_process_rewriting_tests_scores_zero(local_root, backend):
+    task = TASKS[SEMVER]
+    out = asyncio.run(episode(config_for(backend, local_root), SEMVER, background_attack(task)))
+    assert out.fooled_old_grader is True
+    assert_graded_zero(out)
+    assert task.test_files[0] in dropped_paths(out.report)  # the fake file was in the diff too: dropped
+
+
+def test_in_place_grading_trusts_the_policys_processes(local_root):
+    """Why fresh-sandbox grading is the default: grading in place, the same process wins."""
+    task = TASKS[SEMVER]
+    out = asyncio.run(episode(config_for("local", local_root), SEMVER, background_attack(task), prove=False,
+                              grade_in_place=True))
+    assert out.reward == 1.0 and out.report["graded_in"] == "in_place"
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(swe_images_missing() is not None, reason=str(swe_images_missing()))
+def test_edited_venv_scores_zero_docker():
+    """A container's venv is writable by the policy; the grading container starts from the image."""
+    out = asyncio.run(episode({"type": "docker"}, SEMVER, venv_attack(TASKS[SEMVER])))
+    assert out.fooled_old_grader is True
+    assert_graded_zero(out)
+
+
+# ------------------------------------------------------------------ a real fix still counts
+FORCE_FAIL_HOOK = FORCE_PASS_HOOK.replace('"passed"', '"failed"')
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gold_patch_with_an_injected_conftest_still_resolves(local_root, backend):
+    task = TASKS[SEMVER]
+    gold = f"git apply <<'ORCHARD_EOF'\n{task.patch}\nORCHARD_EOF"
+    # a conftest that fails every test: were it graded, even the gold patch would get 0.0
+    out = asyncio.run(episode(config_for(backend, local_root), SEMVER,
+                              [gold, write("tests/conftest.py", FORCE_FAIL_HOOK, append=True)]))
+    assert out.fooled_old_grader is False  # the injected conftest is real: the old grader said unresolved
+    assert out.reward == 1.0 and out.report["resolved"], out.report
+    assert "tests/conftest.py" in dropped_paths(out.report)
+    assert "src/semver/version.py" in out.report["patch"] and out.live_sandboxes == {out.policy_sandbox}
+
+
+# ------------------------------------------------------------------ broken tasks are errors
+def without_per_test_results(task_id: str) -> dict:
+    task = TASKS[task_id]
+    return {task_id: task.model_copy(update={"test_cmd": task.test_cmd.replace(" -rA", "")})}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_task_whose_tests_name_no_results_is_errored_not_zero(local_root, backend):
+    tasks = without_per_test_results(SEMVER)
+    gold = f"git apply <<'ORCHARD_EOF'\n{TASKS[SEMVER].patch}\nORCHARD_EOF"
+    out = asyncio.run(episode(config_for(backend, local_root), SEMVER, [gold], prove=False, tasks=tasks))
+    t, report = out.trajectory, out.report
+    assert report["error_kind"] == "grading" and "names none" in report["error"] and "gold" in report["error"]
+    assert t.error_kind == "grading" and t.error.startswith("grading:") and not t.ok  # trainers drop it
+    assert out.info["error"] == t.error
+    assert report["reference"]["named"] == 0 and report["named"] == 0
+    tail = report["test_output_tail"]
+    assert 0 < len(tail) <= 4096 and "2 passed" in tail  # what a task author needs to see
+    assert out.live_sandboxes == {out.policy_sandbox}  # grading and reference sandboxes are gone
+
+
+def test_a_submission_that_breaks_the_test_run_is_a_failure_not_an_error(local_root):
+    """An agent must not dodge a 0.0 by making the test run print nothing: the gold patch's run
+    names the tests, so the blame is the submission's."""
+    kill = write("src/semver/__init__.py", "import os\nos._exit(0)", append=True)
+    out = asyncio.run(episode(config_for("local", local_root), SEMVER, [kill], prove=False))
+    assert out.reward == 0.0 and out.report["named"] == 0
+    assert out.trajectory.ok and out.trajectory.error_kind is None and "error_kind" not in out.report
+    assert out.report["reference"]["named"] > 0 and "broke the test run" in out.report["note"]
+
+
+class FailingGradingSandbox(SWEEnv):
+    """Its grading sandbox fails while being set up (the policy's does not)."""
+
+    async def setup(self, sandbox, task):
+        if self.sandbox is not None and sandbox.sandbox_id != self.sandbox.sandbox_id:
+            raise RuntimeError("injected: setting up the grading sandbox failed")
+        return await super().setup(sandbox, task)
+
+
+def test_the_grading_sandbox_is_deleted_when_grading_fails(local_root):
+    out = asyncio.run(episode(config_for("local", local_root), SEMVER, [], prove=False,
+                              env_class=FailingGradingSandbox))
+    assert out.report["error_kind"] == "grading" and "injected" in out.report["error"]
+    assert not out.trajectory.ok
+    assert out.live_sandboxes == {out.policy_sandbox}
+
+
+# ------------------------------------------------------------------ the rules and bad input
+def test_protected_path_rules():
+    task = TASKS[SEMVER]
+    rules = ProtectedPaths(task.test_files, task.env, base_names(task.source_archive))
+    protected = ["tests/test_subclass.py", "conftest.py", "src/semver/conftest.py", "src/sitecustomize.py",
+                 "usercustomize.py", "src/x.pth", "setup.cfg", "tox.ini", "pyproject.toml", "tests/pytest.ini",
+                 "src/semver/__pycache__/version.cpython-311.pyc", "src/semver/version.pyc", ".gitattributes",
+                 "pytest.py", "src/pytest.py", "src/_pytest/__init__.py", "src/pluggy.py", "tests/helper.py",
+                 "test_anything.py", "src/semver/tests/x.py", "tests", ".pytest_cache/v/lastfailed",
+                 "../outside.py"]  # git never names such a path; dropping it is the safe answer
+    allowed = ["src/semver/version.py", "src/semver/new_module.py", "README.rst", "docs/new.md",
+               "src/semver/sub/__init__.py", "CHANGELOG.rst", ""]
+    assert [p for p in protected if rules.reason(p) is None] == []
+    assert {p: rules.reason(p) for p in allowed if rules.reason(p) is not None} == {}
+    flat = ProtectedPaths([], {}, base_names(TASKS[PARSE].source_archive))
+    assert flat.reason("parse.py") is None and "shadow" in flat.reason("pytest.py")
+
+
+@pytest.mark.parametrize("kwargs", [{"grade_in_place": "yes"}, {"grade_in_place": 1}, {"reference_check": None}])
+def test_grading_options_reject_garbage(kwargs):
+    with pytest.raises(gym.error.Error, match="must be True or False"):
+        SWEEnv(backend={"type": "local"}, **kwargs)
+
+
+def test_orchard_eval_counts_broken_tasks_apart(tmp_path, local_root):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    task = TASKS[SEMVER]
+    row = json.loads(task.model_copy(update={"test_cmd": task.test_cmd.replace(" -rA", "")}).model_dump_json())
+    (tmp_path / "tasks.jsonl").write_text(json.dumps(row) + "\n")  # source_archive stays absolute
+    out = tmp_path / "traj.jsonl"
+    r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--policy", "oracle", "--tasks",
+                        str(tmp_path / "tasks.jsonl"), "--out", str(out)], capture_output=True, text=True, cwd=REPO,
+                       timeout=600, env={**os.environ, "ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert r.returncode == 0, r.stderr
+    assert "resolved 0/1" in r.stdout and "infrastructure errors 0; broken tasks 1" in r.stdout, r.stdout
+    assert "BROKEN TASK grading:" in r.stdout
+    trajectory = json.loads(out.read_text())
+    assert trajectory["error_kind"] == "grading" and trajectory["report"]["test_output_tail"]
