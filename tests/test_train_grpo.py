@@ -17,8 +17,10 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("trl")
+from conftest import require_module  # noqa: E402
+
+torch = require_module("train", "torch")
+require_module("train", "trl")
 
 from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import (  # noqa: E402
