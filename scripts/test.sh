@@ -19,4 +19,8 @@ fi
 export "$(bash scripts/podman_service.sh start)"   # DOCKER_HOST=unix:///run/podman/podman.sock
 
 export PATH="$PWD/.venv/bin:$PATH"
-python -m pytest -q -p no:cacheprovider "$@"   # no exec: the trap must run after it
+# Everything above is installed, so a test that needs any of it fails instead of skipping;
+# only the variant limits in docs/testing.md may skip. A module that cannot even be
+# imported is an error, and the rest of the suite still runs.
+export ORCHARD_REQUIRE=all
+python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 "$@"   # no exec: the trap must run after it

@@ -14,9 +14,24 @@ from pathlib import Path
 import httpx
 import pytest
 
+# the ORCHARD_REQUIRE mechanism (see tests/components.py); its hooks run from here
+from components import (  # noqa: F401
+    needs,
+    pytest_configure,
+    pytest_make_collect_report,
+    pytest_report_header,
+    pytest_runtest_makereport,
+    pytest_runtest_setup,
+    require,
+    require_module,
+    variant_limit,
+)
+
 REPO = Path(__file__).resolve().parents[1]
 AGENT_PY = REPO / "orchard_gym" / "agent.py"
 HAS_BWRAP = shutil.which("bwrap") is not None
+WHY_NO_BWRAP = "" if HAS_BWRAP else "bwrap is not on PATH (bash scripts/setup_system.sh)"
+needs_bwrap = needs("bwrap", WHY_NO_BWRAP)
 
 
 def marked_pids(needle: str) -> list[int]:
@@ -115,38 +130,34 @@ def local_root(tmp_path_factory):
 
 
 def local_configs():
-    configs = [pytest.param({"type": "local", "isolation": "none"}, id="local-plain")]
-    if HAS_BWRAP:
-        configs.insert(0, pytest.param({"type": "local", "isolation": "bwrap"}, id="local-bwrap"))
-    return configs
+    return [pytest.param({"type": "local", "isolation": "bwrap"}, id="local-bwrap", marks=[needs_bwrap]),
+            pytest.param({"type": "local", "isolation": "none"}, id="local-plain")]
 
 
 # --------------------------------------------------------------------------- conformance
 # Each backend the conformance suite runs against: its config, the image to use, and the
 # address at which a sandbox with network reaches a server on this machine.
 def conformance_params():
-    params = []
-    if HAS_BWRAP:
-        params.append(pytest.param({"config": {"type": "local", "isolation": "bwrap"}, "image": None,
-                                    "host_address": "127.0.0.1"}, id="local-bwrap"))
-    params.append(pytest.param({"config": {"type": "local", "isolation": "none"}, "image": None,
-                                "host_address": "127.0.0.1", "no_netns": True}, id="local-plain"))
-    # the SDK's remote mode: an orchestrator (a real uvicorn subprocess) over the local backend
+    params = [pytest.param({"config": {"type": "local", "isolation": "bwrap"}, "image": None,
+                            "host_address": "127.0.0.1"}, id="local-bwrap", marks=[needs_bwrap]),
+              pytest.param({"config": {"type": "local", "isolation": "none"}, "image": None,
+                            "host_address": "127.0.0.1", "no_netns": True}, id="local-plain")]
+    # the SDK's remote mode: an orchestrator (a real uvicorn subprocess) over the local backend,
+    # which has network namespaces where bwrap is installed
     params.append(pytest.param({"config": {"type": "local"}, "image": None, "host_address": "127.0.0.1",
-                                "remote": True, "no_netns": not HAS_BWRAP}, id="remote-local"))
+                                "remote": True, "netns_needs_bwrap": True}, id="remote-local"))
     gateway, why_not = docker_engine()
     for name, image in DOCKER_IMAGES.items():
         # a sandbox with network reaches this machine at its network's bridge gateway
         params.append(pytest.param({"config": {"type": "docker"}, "image": image, "host_address": gateway},
-                                   id=f"docker-{name}",
-                                   marks=[pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]))
+                                   id=f"docker-{name}", marks=[pytest.mark.docker, needs("docker", why_not)]))
     # kubernetes through the fake API server (tests/fake_k8s) whose kubelet runs pods with Podman
     k8s_why_not = fake_k8s_unavailable()
     for name, image in DOCKER_IMAGES.items():
         params.append(pytest.param({"config": {"type": "kubernetes"}, "image": image, "host_address": gateway,
                                     "fake_k8s": True}, id=f"kubernetes-{name}",
-                                   marks=[pytest.mark.kubernetes,  # needs Podman too (see the skip reason)
-                                          pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")]))
+                                   marks=[pytest.mark.kubernetes,  # needs Podman too (see the reason)
+                                          needs("kubernetes", k8s_why_not)]))
     # a real cluster, for scripts/e2e_k8s.sh: ORCHARD_K8S_E2E='{"kubeconfig": ..., "namespace": ...}'
     if os.environ.get("ORCHARD_K8S_E2E"):
         import json
@@ -156,6 +167,15 @@ def conformance_params():
                                     "host_address": os.environ.get("ORCHARD_K8S_E2E_HOST_ADDRESS", "127.0.0.1")},
                                    id="kubernetes-real", marks=[pytest.mark.kubernetes]))
     return params
+
+
+def skip_without_netns(case) -> None:
+    """Skip a network-blocking check on a variant that has no network namespace to block with."""
+    __tracebackhide__ = True  # reports name the test, not this helper
+    if case.get("no_netns"):
+        variant_limit("the local backend with isolation=none has no network namespace to block with")
+    if case.get("netns_needs_bwrap"):
+        require("bwrap", WHY_NO_BWRAP)
 
 
 def fake_k8s_unavailable() -> str | None:

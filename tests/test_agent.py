@@ -80,9 +80,9 @@ def _sleepers(seconds: str) -> list[str]:
 
 def test_background_child_holding_pipes_does_not_block(agent):
     started = time.monotonic()
-    r = agent.exec(command="sleep 5 & echo started")
-    assert r["stdout"] == "started\n" and time.monotonic() - started < 2
-    agent.exec(command="pkill -f 'sleep 5' || true")
+    r = agent.exec(command="sleep 5 & echo started $!")
+    assert r["stdout"].startswith("started ") and time.monotonic() - started < 2
+    agent.exec(command=f"kill {int(r['stdout'].split()[1])}")  # only the sleep this test started
 
 
 def test_streaming_exec_yields_chunks_then_exit(agent):

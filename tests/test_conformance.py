@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import client_kwargs, marked_pids, wait_until
+from conftest import client_kwargs, marked_pids, skip_without_netns, variant_limit, wait_until
 from orchard_gym import (
     AgentUnavailable,
     AsyncSandboxClient,
@@ -79,7 +79,7 @@ def test_apply_patch(sandbox):
     if sandbox.exec("command -v git || command -v patch").exit_code != 0:  # e.g. a Debian minbase image
         with pytest.raises(OrchardError, match="neither git nor patch"):
             sandbox.apply_patch("--- a/f.txt\n+++ b/f.txt\n")
-        pytest.skip("the image has neither git nor patch (and the agent says so clearly)")
+        variant_limit("the image has neither git nor patch (and the agent says so clearly)")
     sandbox.upload_content("one\ntwo\nthree\n", "proj/f.txt")
     patch = "--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+TWO\n three\n"
     cwd = sandbox.exec("pwd").stdout.strip() + "/proj"
@@ -100,7 +100,7 @@ def test_streaming_exec(sandbox):
 
 def test_agent_refuses_wrong_token(sandbox, client, backend_case):
     if backend_case.get("remote"):
-        pytest.skip("remote mode never sees the agent's token; test_service.py checks the orchestrator's "
+        variant_limit("remote mode never sees the agent's token; test_service.py checks the orchestrator's "
                     "agents refuse a wrong token, and its API refuses a wrong key")
     from orchard_gym._loop import LoopThread
     from orchard_gym.agent_client import AgentClient
@@ -153,8 +153,7 @@ def test_network_blocked_by_default_and_opened_on_request(client, backend_case):
         fetch = _fetch(backend_case["host_address"], server.port)
         with client.create_sandbox(image=backend_case["image"], block_network=False) as open_box:
             assert "reached" in open_box.exec(fetch, timeout=20).stdout
-        if backend_case.get("no_netns"):
-            pytest.skip("this backend variant has no network namespace to block with")
+        skip_without_netns(backend_case)
         with client.create_sandbox(image=backend_case["image"]) as box:
             r = box.exec(fetch, timeout=20)
             assert "reached" not in r.stdout and r.exit_code != 0

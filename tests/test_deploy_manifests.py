@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import require_module
+
 from orchard_gym.backends.config import KubernetesBackendConfig, parse_backend_config
 
-kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (extra [dev])")
+kubernetes_validate = require_module("kubernetes-validate", "kubernetes_validate")
 
 REPO = Path(__file__).resolve().parents[1]
 K8S = REPO / "deploy" / "k8s"

@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine
+from conftest import DOCKER_IMAGES, docker_engine, needs
 from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient
 from orchard_gym.backends.config import DockerBackendConfig, parse_backend_config
 from orchard_gym.errors import BackendError
 
 gateway, why_not = docker_engine()
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]
+pytestmark = [pytest.mark.docker, needs("docker", why_not)]
 BUSYBOX = DOCKER_IMAGES["busybox"]
 
 

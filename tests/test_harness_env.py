@@ -10,9 +10,10 @@ import time
 import gymnasium as gym
 import pytest
 
-pytest.importorskip("fastapi")
+from conftest import HAS_BWRAP, WHY_NO_BWRAP, marked_pids, require, require_module, wait_until
 
-from conftest import HAS_BWRAP, marked_pids, wait_until  # noqa: E402
+require_module("server", "fastapi")
+
 from harness_scripts import react  # noqa: E402
 from orchard_gym.envs.swe.env import SWEEnv  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
@@ -70,6 +71,8 @@ def test_harness_solves_the_task_through_the_proxy_with_no_network(local_root, m
         assert u.trajectory.ok and u.trajectory.reward == 1.0 and len(u.trajectory.turns) == 2
     finally:
         env.close()
+    # everything above held; the TCP-UNREACHABLE check needs bwrap's network namespace
+    require("bwrap", WHY_NO_BWRAP)
 
 
 def test_harness_crash_is_an_error_and_its_trajectory_is_dropped(local_root):

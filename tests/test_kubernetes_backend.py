@@ -12,18 +12,18 @@ import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, fake_k8s_unavailable, marked_pids, wait_until
+from conftest import DOCKER_IMAGES, fake_k8s_unavailable, marked_pids, needs, require_module, wait_until
 from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient, SandboxFailed
 from orchard_gym.backends.config import KubernetesBackendConfig, parse_backend_config
 from orchard_gym.errors import BackendError
 from orchard_gym.models import SandboxSpec
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client is not installed (extra [k8s])")
+kubernetes = require_module("kubernetes", "kubernetes")
 pytestmark = pytest.mark.kubernetes
 SCHEMA_VERSION = "1.31.0"
 BUSYBOX = DOCKER_IMAGES["busybox"]
 why_not_podman = fake_k8s_unavailable()
-needs_podman = pytest.mark.skipif(why_not_podman is not None, reason=why_not_podman or "")
+needs_podman = needs("kubernetes", why_not_podman)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_unreachable_or_missing_cluster_is_a_clear_error(tmp_path):
 
 # --------------------------------------------------------------------------- manifests
 def test_the_objects_we_build_match_the_kubernetes_schema(instant):
-    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    kubernetes_validate = require_module("kubernetes-validate", "kubernetes_validate")
     variants = [
         {},
         {"security": "restricted", "token_source": "env", "default_cpu": 2, "default_memory": "1Gi",

@@ -13,10 +13,9 @@ import warnings
 
 import pytest
 
-from conftest import HAS_BWRAP, REPO, marked_pids, wait_until
+from conftest import HAS_BWRAP, REPO, marked_pids, needs_bwrap, wait_until
 from orchard_gym import InvalidRequest, SandboxClient
 
-needs_bwrap = pytest.mark.skipif(not HAS_BWRAP, reason="bubblewrap not installed")
 ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
 
 

@@ -17,8 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-openai = pytest.importorskip("openai")
-pytest.importorskip("fastapi")
+from conftest import require_module  # noqa: E402
+
+openai = require_module("openai", "openai")
+require_module("server", "fastapi")
 
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
 from orchard_gym.wrappers.reconstruct import drop_errors, reconstruct, to_trajectory  # noqa: E402

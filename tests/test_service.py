@@ -17,10 +17,10 @@ import httpx
 import pytest
 from service_helpers import API_KEY, REPO, Orchestrator, remove_all_sandboxes, short_root
 
-from conftest import HAS_BWRAP, marked_pids, wait_until
+from conftest import HAS_BWRAP, marked_pids, needs_bwrap, require_module, wait_until
 from orchard_gym import AgentUnavailable, AuthenticationError, SandboxFailed, SandboxNotFound
 
-pytest.importorskip("fastapi")
+require_module("server", "fastapi")
 
 
 def _orchestrator(tmp_path_factory, **settings):
@@ -323,7 +323,7 @@ def test_sdk_errors_are_typed_in_remote_mode(orch):
             box.exec("true")
 
 
-@pytest.mark.skipif(not HAS_BWRAP, reason="needs bubblewrap")
+@needs_bwrap
 def test_no_leftover_processes_after_delete(orch):
     with orch.client() as client:
         box = client.create_sandbox()

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from service_helpers import API_KEY, Orchestrator, remove_all_sandboxes, short_root
 
-from conftest import HAS_BWRAP
+from conftest import HAS_BWRAP, require_module
 
-schemathesis = pytest.importorskip("schemathesis")
+schemathesis = require_module("schemathesis", "schemathesis")
 from hypothesis import HealthCheck, settings  # noqa: E402
 from hypothesis.errors import Unsatisfiable  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
@@ -72,7 +72,7 @@ def _aim(case, fuzz_box: str) -> str | None:
 
 def _operations():
     """Every route of the API, from the app's own OpenAPI document (no server needed)."""
-    pytest.importorskip("fastapi")
+    require_module("server", "fastapi")
     from orchard_gym.service import ServiceSettings, create_app
 
     paths = create_app(ServiceSettings()).openapi()["paths"]

@@ -10,11 +10,10 @@ import time
 import pytest
 from service_helpers import Orchestrator, RedisServer, remove_all_sandboxes, short_root
 
-from conftest import marked_pids, wait_until
+from conftest import marked_pids, require, require_module, wait_until
 
-pytest.importorskip("redis")
-if shutil.which("redis-server") is None:
-    pytest.skip("redis-server is not installed (bash scripts/setup_system.sh)", allow_module_level=True)
+require_module("redis", "redis")
+require("redis", None if shutil.which("redis-server") else "redis-server is not installed (bash scripts/setup_system.sh)")
 
 FAST = {"reconcile_interval": 0.3, "replica_ttl": 1.0, "lock_ttl": 1.0}
 

@@ -13,7 +13,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import orchard_gym  # noqa: F401 - registers the env ids
-from conftest import REPO
+from conftest import REPO, needs
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.rollout import run_episodes
 from orchard_gym.envs.swe.env import SWEEnv
@@ -77,8 +77,8 @@ def swe_images_missing() -> str | None:
 
 BACKENDS = [
     pytest.param("local", id="local"),
-    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.skipif(
-        swe_images_missing() is not None, reason=str(swe_images_missing()))]),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, needs(
+        "swe-images", swe_images_missing())]),
 ]
 
 

@@ -17,8 +17,10 @@ import math
 
 import pytest
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("trl")
+from conftest import require_module  # noqa: E402
+
+torch = require_module("train", "torch")
+require_module("train", "trl")
 
 from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import (  # noqa: E402
@@ -306,7 +308,7 @@ def test_bar_keeps_a_short_group_and_masks_the_padding(tiny, make_env, local_roo
     slot = rollout.last_slots[0]
     # rewards 1, 0, 1 and one error: the budget (4) is spent with 3 usable rollouts; kept, padded with 1
     assert slot.trained and slot.padding == 1 and slot.outcome.spent == 4
-    assert out["env_reward"][:3] == [1.0, 0.0, 1.0] or sorted(out["env_reward"][:3]) == [0.0, 1.0, 1.0]
+    assert sorted(out["env_reward"][:3]) == [0.0, 1.0, 1.0]  # who gets which: the order of grading
     assert out["env_reward"][3] is None and set(out["env_mask"][3]) == {0}
     assert all(1 in m for m in out["env_mask"][:3])
 
