@@ -146,19 +146,20 @@ def test_another_process_adopts_a_sandbox(client):
 def test_sweep_removes_only_dead_owners():
     from orchard_gym.backends.docker import owner_identity
 
-    dead = subprocess.Popen(["sleep", "60"])
-    dead_owner = owner_identity(dead.pid)
-    dead.kill()
-    dead.wait()
-    with SandboxClient({"type": "docker"}) as orphaned, SandboxClient({"type": "docker"}) as alive:
+    # a label prefix of its own: the other backends on this machine sweep at start-up too
+    config = {"type": "docker", "label_prefix": f"og-sweep-{uuid.uuid4().hex[:8]}"}
+    creator = subprocess.Popen(["sleep", "60"])  # alive while it creates
+    with SandboxClient(config) as orphaned, SandboxClient(config) as alive:
         # as if a client that has since died had created it (per-process: owner = creator)
-        orphaned.backend.owner = orphaned.backend.identity = dead_owner
+        orphaned.backend.owner = orphaned.backend.identity = owner_identity(creator.pid)
         orphan = orphaned.create_sandbox(image=BUSYBOX)
         orphaned.backend.owner = orphaned.backend.identity = "other-host:x:1:1"  # a host we cannot judge
         foreign = orphaned.create_sandbox(image=BUSYBOX)
         kept = alive.create_sandbox(image=BUSYBOX)
+        creator.kill()
+        creator.wait()
         assert leftovers(alive.backend, orphan.sandbox_id)
-        swept = parse_backend_config({"type": "docker"}).get_backend().swept  # sweeps at start-up
+        swept = parse_backend_config(config).get_backend().swept  # sweeps at start-up
         assert orphan.sandbox_id in swept and kept.sandbox_id not in swept and foreign.sandbox_id not in swept
         assert not leftovers(alive.backend, orphan.sandbox_id)
         assert kept.exec("echo alive").stdout == "alive\n"
