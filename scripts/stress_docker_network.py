@@ -65,6 +65,17 @@ def gateway_mac_seen(box, gateway: str) -> str | None:
     return None
 
 
+def tcp_counters(box) -> dict[str, int]:
+    """The sandbox's own TCP counters (its network namespace's): RTOs that fired, segments
+    retransmitted, duplicates of the host's data it got again (the host retransmitted)."""
+    text = box.exec("cat /proc/net/netstat /proc/net/snmp", timeout=30).stdout.splitlines()
+    values = {}
+    for names, nums in zip(text, text[1:]):
+        if names.split(":")[0] == nums.split(":")[0] and not names.split()[1].lstrip("-").isdigit():
+            values.update(zip(names.split()[1:], map(int, nums.split()[1:])))
+    return {k: values.get(k, 0) for k in ("TCPTimeouts", "RetransSegs", "TCPDSACKOldSent")}
+
+
 class Churn:
     """Threads that start and remove busybox containers on `network`, as sandboxes do."""
 
@@ -117,6 +128,7 @@ def run(args) -> dict:
             gateway = box.record.details["host_address"]
             bridge = bridge_of(gateway)
             box.upload_content(payload, "blob")
+            counters0 = tcp_counters(box)
             churn = Churn(backend.api, backend.config.network, args.image, args.churn, str(os.getpid()))
             churn.start()
             rounds, stalls, stale_macs = [], [], 0
@@ -134,6 +146,7 @@ def run(args) -> dict:
                 rounds.append((t1 - t0, t2 - t1))
                 if max(t1 - t0, t2 - t1) > args.stall_seconds:
                     stalls.append({"round": len(rounds), "down_s": round(t1 - t0, 2), "up_s": round(t2 - t1, 2)})
+            counters = {k: v - counters0[k] for k, v in tcp_counters(box).items()}
         finally:
             if churn is not None:
                 churn.close()
@@ -143,7 +156,7 @@ def run(args) -> dict:
             "churn_errors": churn.errors[:3], "size_mb": args.size_mb,
             "down_s": {"p50": round(statistics.median(downs), 3), "max": round(max(downs), 2)} if downs else None,
             "up_s": {"p50": round(statistics.median(ups), 3), "max": round(max(ups), 2)} if ups else None,
-            "stalls": stalls, "stale_gateway_mac_rounds": stale_macs, "bridge": bridge}
+            "stalls": stalls, "stale_gateway_mac_rounds": stale_macs, "sandbox_tcp": counters, "bridge": bridge}
 
 
 def main() -> int:
