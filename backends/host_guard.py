@@ -3,7 +3,7 @@ this host's own addresses.
 
 An internal network has no route out, but the host is *on* it: its bridge holds the
 gateway address (e.g. 10.89.0.1), so a blocked sandbox can open any host service bound to
-0.0.0.0 (a database, an orchestrator, the engine's DNS forwarder). Those packets are
+0.0.0.0 (a database, an orchestrator, the engine's DNS server on port 53). Those packets are
 addressed to the host and pass its INPUT chain, so one rule there closes it:
 
     -A INPUT -j ORCHARD-HOST-GUARD

@@ -14,6 +14,7 @@ from conftest import DOCKER_IMAGES, docker_engine, wait_until
 from orchard_gym import SandboxClient
 from orchard_gym.backends import host_guard
 from orchard_gym.backends.config import DOCKER_CAPABILITIES
+from orchard_gym.errors import BackendError
 
 gateway, why_not = docker_engine()
 pytestmark = [pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]
@@ -166,3 +167,28 @@ def test_host_guard_rules_refuse_garbage():
     for bad in ("not-a-subnet", "10.0.0.0/33", "10.0.0.0/8; reboot"):
         with pytest.raises(ValueError):
             host_guard.rules(bad, [])
+
+
+def test_host_guard_that_cannot_be_installed_is_a_clear_error(monkeypatch, guard_network):
+    import os
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # as a non-root user would be
+    with SandboxClient({"type": "docker", "network": guard_network}) as client:
+        with pytest.raises(BackendError, match="host_guard=false"):
+            client.create_sandbox(image=BUSYBOX, sandbox_id=f"guard-{uuid.uuid4().hex[:8]}")
+        assert not client.list_sandboxes()  # nothing left behind
+
+
+def test_arp_notify_off_is_warned(monkeypatch, tmp_path, caplog):
+    from orchard_gym.backends import docker as docker_backend
+
+    flag = tmp_path / "arp_notify"
+    monkeypatch.setattr(docker_backend, "_warned", set())
+    monkeypatch.setattr(docker_backend, "ARP_NOTIFY", str(flag))
+    flag.write_text("1\n")
+    assert docker_backend.warn_network_sysctls() is None
+    flag.write_text("0\n")
+    with caplog.at_level("WARNING", logger="orchard_gym.backends.docker"):
+        assert "setup_system.sh" in docker_backend.warn_network_sysctls()
+        docker_backend.warn_network_sysctls()
+    assert sum("arp_notify" in r.getMessage() for r in caplog.records) == 1  # once per process
