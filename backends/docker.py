@@ -56,9 +56,8 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
-from . import procs
+from . import host_guard, procs
 from .base import Backend, new_sandbox_id, new_token
-from . import host_guard
 from .config import DockerBackendConfig
 
 try:
@@ -125,8 +124,8 @@ def warn_network_sysctls() -> str | None:
 
     A Linux bridge without an address of its own takes the lowest MAC of its ports, so it
     changes as sandboxes come and go; sandboxes keep sending to the old gateway MAC until
-    their neighbour entry times out, and a reply in flight stalls for up to a minute of TCP
-    retransmit backoff. With arp_notify=1 the host announces the new MAC at once
+    their neighbour entry times out, and a transfer in flight stalls for a minute or more of
+    TCP retransmit backoff (110 s measured, scripts/stress_docker_network.py). With arp_notify=1 the host announces the new MAC at once
     (gratuitous ARP). scripts/setup_system.sh sets it; see docs/backends.md."""
     try:
         with open(ARP_NOTIFY) as f:
@@ -135,8 +134,8 @@ def warn_network_sysctls() -> str | None:
         return None
     if value != "0":
         return None
-    why = (f"{ARP_NOTIFY} is 0: sandboxes on a bridge whose MAC changes (as others come and go) lose "
-           f"replies for up to a minute; set it to 1 (scripts/setup_system.sh does)")
+    why = (f"{ARP_NOTIFY} is 0: sandboxes on a bridge whose MAC changes (as others come and go) stall "
+           f"for a minute or more; set it to 1 (scripts/setup_system.sh does)")
     if why not in _warned:
         _warned.add(why)
         log.warning("docker backend: %s", why)
