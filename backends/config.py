@@ -39,6 +39,18 @@ class LocalBackendConfig(BaseModel):
 
 _NAME = r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$"  # what engines accept as network/object names
 
+# What a root agent in a task image needs (apt drops to _apt: SETUID/SETGID; dpkg and pip chown
+# and chmod files they do not own: CHOWN/DAC_OVERRIDE/FOWNER/FSETID; KILL for its own jobs;
+# servers on ports < 1024). Not kept from the engines' defaults: NET_RAW (raw sockets,
+# ARP/ICMP spoofing on the bridge), MKNOD, SYS_CHROOT, SETPCAP, SETFCAP, AUDIT_WRITE.
+DOCKER_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID", "NET_BIND_SERVICE")
+LINUX_CAPABILITIES = frozenset(
+    "CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID SETPCAP LINUX_IMMUTABLE "
+    "NET_BIND_SERVICE NET_BROADCAST NET_ADMIN NET_RAW IPC_LOCK IPC_OWNER SYS_MODULE SYS_RAWIO SYS_CHROOT "
+    "SYS_PTRACE SYS_PACCT SYS_ADMIN SYS_BOOT SYS_NICE SYS_RESOURCE SYS_TIME SYS_TTY_CONFIG MKNOD LEASE "
+    "AUDIT_WRITE AUDIT_CONTROL SETFCAP MAC_OVERRIDE MAC_ADMIN SYSLOG WAKE_ALARM BLOCK_SUSPEND AUDIT_READ "
+    "PERFMON BPF CHECKPOINT_RESTORE".split())
+
 
 class DockerBackendConfig(BaseModel):
     """Sandboxes as containers of any image on Docker Engine or Podman's Docker API,
@@ -70,6 +82,28 @@ class DockerBackendConfig(BaseModel):
     max_output: int = Field(4 * 1024 * 1024, gt=0, description="bytes of stdout/stderr kept per command")
     workers: int = Field(16, ge=1, le=256, description="engine API calls in flight at once")
     api_timeout: float = Field(120.0, gt=0, le=3600, description="seconds for one engine API call")
+    owner: str | None = Field(None, pattern=_NAME,
+                              description="ownership label shared by every process using this config (the "
+                                          "orchestrator's replicas); never swept by process liveness; default: "
+                                          "this process, whose sandboxes list() then shows alone")
+    capabilities: list[Annotated[str, Field(pattern=r"^[A-Z_]{2,32}$")]] = Field(
+        default_factory=lambda: list(DOCKER_CAPABILITIES),
+        description="capabilities kept (all others dropped) for commands run as root in the task image")
+    pids_limit: int = Field(1024, ge=16, le=4_194_304, description="processes and threads at once per sandbox")
+    host_guard: bool = Field(True, description="an iptables rule (root, local engine) refusing new connections "
+                                               "from blocked sandboxes to this host's own addresses")
+    host_guard_allow_ports: list[Annotated[int, Field(ge=1, le=65535)]] = Field(
+        default_factory=list, description="TCP ports on the host that blocked sandboxes may still open "
+                                          "(e.g. a recording proxy's)")
+
+    @field_validator("capabilities")
+    @classmethod
+    def _known_caps(cls, v: list[str]) -> list[str]:
+        names = [c.removeprefix("CAP_") for c in v]
+        unknown = sorted(set(names) - LINUX_CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {unknown}; known: {sorted(LINUX_CAPABILITIES)}")
+        return names
 
     def get_backend(self):
         from orchard_gym.backends.docker import DockerBackend

@@ -22,16 +22,21 @@ networks: the port is allocated but connections to it time out. A network mode o
 127.0.0.1 port, for engines whose container IPs the client cannot route to, such as
 Docker Desktop) works only with `block_network=False`.
 
-What an internal network still allows: the sandbox can reach the host itself at the
-network's gateway address (`details["host_address"]`, e.g. 10.89.0.1) and the other
-blocked sandboxes on it. That is deliberate, a harness in a blocked sandbox reaches a
-recording proxy on the host that way; bind host services that must stay private to
-127.0.0.1 (see docs/backends.md for a firewall rule that closes it).
+What an internal network still allows: the other blocked sandboxes on it, and the host
+itself at the network's gateway address (`details["host_address"]`, e.g. 10.89.0.1). The
+host guard (`host_guard`, on by default; backends/host_guard.py) refuses new connections
+from the network's subnet to the host, except to `host_guard_allow_ports`.
 
-Ownership: every container and volume is labelled `PREFIX.owner=host:boot:pid:start`,
-the creating process's identity; `sweep()` removes what owners on this host that are
-gone (process exited, or the machine rebooted) left behind. Owners on other hosts are
-never judged.
+Confinement, as the Kubernetes pod spec has it: every capability dropped but
+`capabilities` (what a root agent running apt/pip/git needs), `no-new-privileges` (no
+setuid gain), `pids_limit` processes at most.
+
+Ownership: every container and volume is labelled `PREFIX.owner=OWNER` and
+`PREFIX.creator=host:boot:pid:start` (the creating process). OWNER is the config's
+`owner` (shared by the orchestrator's replicas, which `orchard serve` sets) or else the
+creator itself. `sweep()` removes only what per-process owners on this host that are gone
+(process exited, or the machine rebooted) left behind; a named owner's sandboxes are never
+swept by liveness, and owners on other hosts are never judged.
 
 The docker SDK is blocking; every call runs on a fresh thread (like `run_in_thread`,
 so that exit clean-up still works), at most `workers` at a time.
@@ -43,6 +48,7 @@ import json
 import logging
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -50,7 +56,7 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
-from . import procs
+from . import host_guard, procs
 from .base import Backend, new_sandbox_id, new_token
 from .config import DockerBackendConfig
 
@@ -109,6 +115,33 @@ def owner_gone(owner: str) -> bool:
     return not procs.alive({"pid": pid, "start": None if parts[3] == "None" else parts[3]})
 
 
+ARP_NOTIFY = "/proc/sys/net/ipv4/conf/all/arp_notify"
+_warned: set[str] = set()
+
+
+def warn_network_sysctls() -> str | None:
+    """Warn once when the host lets bridge MAC changes go unannounced (the reason, or None).
+
+    A Linux bridge without an address of its own takes the lowest MAC of its ports, so it
+    changes as sandboxes come and go; sandboxes keep sending to the old gateway MAC until
+    their neighbour entry times out, and a transfer in flight stalls for a minute or more of
+    TCP retransmit backoff (110 s measured, scripts/stress_docker_network.py). With arp_notify=1 the host announces the new MAC at once
+    (gratuitous ARP). scripts/setup_system.sh sets it; see docs/backends.md."""
+    try:
+        with open(ARP_NOTIFY) as f:
+            value = f.read().strip()
+    except OSError:
+        return None
+    if value != "0":
+        return None
+    why = (f"{ARP_NOTIFY} is 0: sandboxes on a bridge whose MAC changes (as others come and go) stall "
+           f"for a minute or more; set it to 1 (scripts/setup_system.sh does)")
+    if why not in _warned:
+        _warned.add(why)
+        log.warning("docker backend: %s", why)
+    return why
+
+
 class DockerBackend(Backend):
     name = "docker"
 
@@ -119,8 +152,10 @@ class DockerBackend(Backend):
         self.base_url = self.config.base_url or default_base_url()
         p = self.config.label_prefix
         self.owner_label, self.sandbox_label, self.role_label = f"{p}.owner", f"{p}.sandbox", f"{p}.role"
-        self.spec_label, self.user_label = f"{p}.spec", f"{p}.label."
-        self.owner = owner_identity()
+        self.spec_label, self.user_label, self.creator_label = f"{p}.spec", f"{p}.label.", f"{p}.creator"
+        self.identity = owner_identity()
+        self.owner = self.config.owner or self.identity
+        self.guard = "off" if not self.config.host_guard else "not checked yet"
         self._slots = threading.BoundedSemaphore(self.config.workers)
         self._network_ok = False
         try:
@@ -136,6 +171,9 @@ class DockerBackend(Backend):
         self.api = self.client.api  # the low-level client: one engine call per method, no hidden inspects
         names = [c.get("Name", "") for c in version.get("Components") or []]
         self.engine = f"{names[0] if names else 'Docker Engine'} {version.get('Version', '?')}"
+        self.local_engine = self.base_url.startswith("unix://")
+        if self.local_engine:
+            warn_network_sysctls()
         try:
             self.swept = self._sweep()  # what crashed clients left behind
         except Exception as e:  # never fail start-up over someone else's leftovers
@@ -196,7 +234,33 @@ class DockerBackend(Backend):
         if not net.get("Internal"):
             raise BackendError(f"network {name!r} exists but is not internal: blocked sandboxes would have "
                                f"network access; remove it or set `network` to another name")
+        if self.config.host_guard:
+            self._guard(net)
         self._network_ok = True
+
+    def _guard(self, net: dict) -> None:
+        """Install the host guard for the network's subnets, or say why it cannot be."""
+        subnets = [c["Subnet"] for c in (net.get("IPAM") or {}).get("Config") or [] if c.get("Subnet")]
+        if not self.local_engine:  # the rules would belong on the engine's machine, not here
+            if self.guard != "remote":
+                log.warning("docker backend: host_guard cannot be installed for the remote engine at %s; add "
+                            "the rules of backends/host_guard.py on its host (or set host_guard=false)",
+                            self.base_url)
+            self.guard = "remote"
+            return
+        if not subnets:
+            raise BackendError(f"network {self.config.network!r} reports no subnet: cannot install the host guard "
+                               f"(set host_guard=false to run without it)")
+        try:
+            if os.geteuid() != 0:
+                raise host_guard.GuardError("needs root")
+            for subnet in subnets:
+                host_guard.install(subnet, self.config.host_guard_allow_ports)
+        except (host_guard.GuardError, OSError, subprocess.SubprocessError) as e:
+            raise BackendError(f"cannot install the host guard (iptables rules refusing connections from blocked "
+                               f"sandboxes to this host) for {', '.join(subnets)}: {e}; run as root, or set "
+                               f"host_guard=false to let blocked sandboxes reach host services") from None
+        self.guard = f"installed for {', '.join(subnets)}"
 
     # ------------------------------------------------------------------ create
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
@@ -221,7 +285,7 @@ class DockerBackend(Backend):
             self._ensure_network()
         workdir = cfg.workdir or (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
         token = new_token()
-        ours = {self.owner_label: self.owner, self.sandbox_label: sandbox_id}
+        ours = {self.owner_label: self.owner, self.creator_label: self.identity, self.sandbox_label: sandbox_id}
         meta = {"image": image, "block_network": spec.block_network, "cpu": spec.cpu, "memory": spec.memory,
                 "env": spec.env, "created_at": time.time()}
         labels = {**ours, self.role_label: "sandbox", self.spec_label: json.dumps(meta),
@@ -235,6 +299,9 @@ class DockerBackend(Backend):
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # no swap beyond the limit: it is a real cap
                 network_mode=cfg.network if spec.block_network else cfg.open_network,
+                cap_drop=["ALL"], cap_add=list(cfg.capabilities),
+                security_opt=["no-new-privileges"],  # setuid binaries gain nothing
+                pids_limit=cfg.pids_limit,
                 port_bindings={cfg.agent_port: ("127.0.0.1", None)} if cfg.reach == "port" else None,
             )
             try:
@@ -359,7 +426,9 @@ class DockerBackend(Backend):
 
     def resources(self) -> dict:
         return {"backend": self.name, "engine": self.engine, "base_url": self.base_url,
-                "network": self.config.network, "reach": self.config.reach, "owner": self.owner}
+                "network": self.config.network, "reach": self.config.reach, "owner": self.owner,
+                "host_guard": self.guard, "pids_limit": self.config.pids_limit,
+                "capabilities": list(self.config.capabilities)}
 
     # ------------------------------------------------------------------ delete
     async def delete(self, sandbox_id: str) -> bool:
@@ -378,13 +447,18 @@ class DockerBackend(Backend):
                 pass
         return found
 
+    def _swept_owner(self, labels: dict) -> bool:
+        """A per-process owner (the owner is its creator) on this host that is gone."""
+        owner = labels.get(self.owner_label, "")
+        return owner == labels.get(self.creator_label, owner) and owner_gone(owner)
+
     def _sweep(self) -> list[str]:
-        """Remove containers and volumes whose owner on this host is gone."""
+        """Remove containers and volumes whose per-process owner on this host is gone."""
         mine = {"label": [self.owner_label]}
         removed = set()
         for summary in self.api.containers(all=True, filters=mine):
             labels = summary.get("Labels") or {}
-            if owner_gone(labels.get(self.owner_label, "")):
+            if self._swept_owner(labels):
                 try:
                     self.api.remove_container(summary["Id"], force=True)
                 except derr.NotFound:
@@ -392,7 +466,7 @@ class DockerBackend(Backend):
                 removed.add(labels.get(self.sandbox_label, summary["Id"][:12]))
         for volume in self.api.volumes(filters=mine).get("Volumes") or []:
             labels = volume.get("Labels") or {}
-            if owner_gone(labels.get(self.owner_label, "")):
+            if self._swept_owner(labels):
                 try:
                     self.api.remove_volume(volume["Name"], force=True)
                     removed.add(labels.get(self.sandbox_label, volume["Name"]))

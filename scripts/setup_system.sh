@@ -98,6 +98,17 @@ graphroot = \"/var/lib/containers/storage\"
 $storage_opts"
 fi
 
+# Bridges announce MAC changes (gratuitous ARP). A Linux bridge without an address of its
+# own takes the lowest MAC of its ports, so it changes as sandboxes (veths) come and go; a
+# sandbox keeps sending to the old gateway MAC and a transfer in flight stalls for up to
+# minutes of TCP retransmit backoff (scripts/stress_docker_network.py shows it: a 2 MiB
+# upload took 110 s with 0, none of 683 rounds over 0.25 s with 1). Persisted in sysctl.d.
+write_conf /etc/sysctl.d/90-orchard-gym.conf '# Managed by orchard-gym scripts/setup_system.sh: see the comment there.
+net.ipv4.conf.all.arp_notify = 1'
+if [[ $(cat /proc/sys/net/ipv4/conf/all/arp_notify) != 1 ]]; then
+  sysctl -q -w net.ipv4.conf.all.arp_notify=1 && log "net.ipv4.conf.all.arp_notify=1"
+fi
+
 # Sanity check: podman can talk to its storage with this config.
 podman info --format 'podman {{.Version.Version}} storage={{.Store.GraphDriverName}} cgroup={{.Host.CgroupsVersion}} runtime={{.Host.OCIRuntime.Name}}' \
   | sed 's/^/[setup_system] /'

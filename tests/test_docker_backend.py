@@ -4,8 +4,10 @@ limits and network blocking seen from inside, image errors, sweeps, leftovers.""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
+import uuid
 
 import pytest
 
@@ -144,22 +146,55 @@ def test_another_process_adopts_a_sandbox(client):
 def test_sweep_removes_only_dead_owners():
     from orchard_gym.backends.docker import owner_identity
 
-    dead = subprocess.Popen(["sleep", "60"])
-    dead_owner = owner_identity(dead.pid)
-    dead.kill()
-    dead.wait()
-    with SandboxClient({"type": "docker"}) as orphaned, SandboxClient({"type": "docker"}) as alive:
-        orphaned.backend.owner = dead_owner  # as if a client that has since died had created it
+    # a label prefix of its own: the other backends on this machine sweep at start-up too
+    config = {"type": "docker", "label_prefix": f"og-sweep-{uuid.uuid4().hex[:8]}"}
+    creator = subprocess.Popen(["sleep", "60"])  # alive while it creates
+    with SandboxClient(config) as orphaned, SandboxClient(config) as alive:
+        # as if a client that has since died had created it (per-process: owner = creator)
+        orphaned.backend.owner = orphaned.backend.identity = owner_identity(creator.pid)
         orphan = orphaned.create_sandbox(image=BUSYBOX)
-        orphaned.backend.owner = "other-host:x:1:1"  # a host we cannot judge: never swept
+        orphaned.backend.owner = orphaned.backend.identity = "other-host:x:1:1"  # a host we cannot judge
         foreign = orphaned.create_sandbox(image=BUSYBOX)
         kept = alive.create_sandbox(image=BUSYBOX)
+        creator.kill()
+        creator.wait()
         assert leftovers(alive.backend, orphan.sandbox_id)
-        swept = parse_backend_config({"type": "docker"}).get_backend().swept  # sweeps at start-up
+        swept = parse_backend_config(config).get_backend().swept  # sweeps at start-up
         assert orphan.sandbox_id in swept and kept.sandbox_id not in swept and foreign.sandbox_id not in swept
         assert not leftovers(alive.backend, orphan.sandbox_id)
         assert kept.exec("echo alive").stdout == "alive\n"
         foreign.delete()
+
+
+def test_named_owner_outlives_its_creator_and_is_shared():
+    """A restarted orchestrator replica (same `owner`, new process) must find its sandboxes,
+    not sweep them because the process that made them is gone."""
+    from orchard_gym.backends.docker import owner_identity
+
+    dead = subprocess.Popen(["sleep", "60"])
+    dead_identity = owner_identity(dead.pid)
+    dead.kill()
+    dead.wait()
+    owner = f"t-{uuid.uuid4().hex[:10]}"
+    with SandboxClient({"type": "docker", "owner": owner}) as first:
+        first.backend.identity = dead_identity  # its creator has died since
+        box = first.create_sandbox(image=BUSYBOX)
+        try:
+            assert box.record.details["owner"] == owner
+            restarted = parse_backend_config({"type": "docker", "owner": owner}).get_backend()
+            try:
+                assert box.sandbox_id not in restarted.swept
+                assert leftovers(restarted, box.sandbox_id)
+                listed = asyncio.run(restarted.list())
+                assert [r.sandbox_id for r in listed] == [box.sandbox_id]  # the replicas share the listing
+                assert restarted.resources()["owner"] == owner
+            finally:
+                asyncio.run(restarted.aclose())
+            with SandboxClient({"type": "docker"}) as per_process:  # another owner does not list it
+                assert box.sandbox_id not in {r.sandbox_id for r in per_process.list_sandboxes()}
+            assert box.exec("echo kept").stdout == "kept\n"
+        finally:
+            box.delete()
 
 
 @pytest.mark.parametrize(
@@ -177,6 +212,15 @@ def test_sweep_removes_only_dead_owners():
         {"api_timeout": -1},
         {"default_image": ""},
         {"no_such_option": 1},
+        {"owner": "host:boot:1:2"},  # colons: it would look like a process identity
+        {"owner": ""},
+        {"capabilities": ["NOT_A_CAP"]},
+        {"capabilities": "CHOWN"},
+        {"pids_limit": 0},
+        {"pids_limit": "many"},
+        {"host_guard": "maybe"},
+        {"host_guard_allow_ports": [0]},
+        {"host_guard_allow_ports": [70000]},
     ],
 )
 def test_garbage_config_refused(bad):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+import uuid
 
 import pytest
 from service_helpers import Orchestrator, RedisServer, remove_all_sandboxes, short_root
 
-from conftest import marked_pids, require, require_module, wait_until
+from conftest import docker_engine, marked_pids, needs, require, require_module, wait_until
 
 require_module("redis", "redis")
 require("redis", None if shutil.which("redis-server") else "redis-server is not installed (bash scripts/setup_system.sh)")
@@ -25,24 +26,50 @@ def redis_server(tmp_path_factory):
     server.close()
 
 
-@pytest.fixture(scope="module")
-def replicas(redis_server, tmp_path_factory):
-    """Two replicas sharing one Redis and one local backend root."""
+gateway, why_not = docker_engine()
+BACKENDS = [pytest.param("local", id="local"),
+            pytest.param("docker", id="docker",
+                         marks=[pytest.mark.docker, needs("docker", None if gateway else why_not)])]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def replicas(request, redis_server, tmp_path_factory):
+    """Two replicas sharing one Redis and one backend: a local root, or the docker engine,
+    where `orchard serve` gives both one owner (derived from the Redis URL) so that each
+    lists the other's sandboxes and a restarted one sweeps none of them."""
     root = short_root("rds")
     logs = tmp_path_factory.mktemp("replica-logs")
-    a = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-a", **FAST)
-    b = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-b", **FAST)
+    over = {}
+    if request.param == "docker":  # a label prefix of its own: names cannot clash with other runs
+        over = {"backend": "docker", "backend_config": {"label_prefix": f"og-rds-{uuid.uuid4().hex[:8]}"}}
+    a = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-a", **FAST, **over)
+    b = Orchestrator(root, log_dir=logs, redis_url=redis_server.url, replica_id="replica-b", **FAST, **over)
     yield a, b
     a.stop()
     b.stop()
+    if request.param == "docker":
+        remove_docker_sandboxes(over["backend_config"]["label_prefix"])
     remove_all_sandboxes(root)
     shutil.rmtree(root, ignore_errors=True)
+
+
+def remove_docker_sandboxes(prefix: str) -> None:
+    """Delete what the replicas left on the engine (their sandboxes outlive them)."""
+    from orchard_gym.backends.config import DockerBackendConfig
+
+    backend = DockerBackendConfig(label_prefix=prefix).get_backend()
+    try:
+        for c in backend.api.containers(all=True, filters={"label": f"{prefix}.sandbox"}):
+            backend._destroy(backend._name(c["Labels"][f"{prefix}.sandbox"]))
+    finally:
+        backend.client.close()
 
 
 def test_created_through_one_replica_used_and_deleted_through_the_other(replicas):
     a, b = replicas
     with a.client() as on_a, b.client() as on_b:
         box = on_a.create_sandbox(sandbox_id="shared-one", labels={"who": "a"})
+        time.sleep(6 * FAST["reconcile_interval"])  # reconciler passes on both: neither may fail the other's
         same = on_b.get_sandbox("shared-one")
         assert same.status == "running" and same.record.labels == {"who": "a"}
         assert same.exec("echo via-b").stdout == "via-b\n"
@@ -127,3 +154,26 @@ def test_sdk_exec_survives_concurrent_use_from_both_replicas(replicas):
         for t in threads:
             t.join(60)
         assert not errors, errors
+
+
+def test_serve_owner_is_one_per_deployment_and_hides_the_password():
+    from pydantic import ValidationError
+
+    from orchard_gym.service.settings import ServiceSettings
+
+    def owner(**kw):
+        return ServiceSettings(backend="docker", **kw).backend_config_dict().get("owner")
+
+    url = "redis://user:s3cret@10.0.0.5:6380/2"
+    assert owner(redis_url=url) == owner(redis_url=url.replace("s3cret", "other"))  # same deployment
+    assert "s3cret" not in owner(redis_url=url)
+    assert owner(redis_url=url) != owner(redis_url=url, redis_prefix="staging")
+    assert owner(redis_url=url) != owner(redis_url=url.replace("/2", "/3"))
+    assert owner() is None  # in memory: per-process, as a restart loses the records anyway
+    assert owner(owner="team-a") == owner(owner="team-a", redis_url=url) == "team-a"
+    assert ServiceSettings(backend="docker", owner="team-a",
+                           backend_config={"owner": "mine"}).backend_config_dict()["owner"] == "mine"
+    assert "owner" not in ServiceSettings(backend="local", owner="team-a").backend_config_dict()
+    for bad in ("has:colons", "", "x" * 80, "-dash"):
+        with pytest.raises(ValidationError):
+            ServiceSettings(owner=bad)

@@ -69,6 +69,9 @@ class ServiceSettings(BaseSettings):
         False, description="allow a Redis on a non-loopback TCP address without a password (not recommended)")
     redis_prefix: str = Field("orchard", description="prefix of every Redis key and channel")
     replica_id: str = Field(default_factory=_default_replica_id, description="this replica's name")
+    owner: str | None = Field(None, pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$",
+                              description="owner label of the docker/kubernetes backend's sandboxes, shared by the "
+                                          "replicas (default: one derived from redis_url and redis_prefix)")
 
     sandbox_ttl: float = Field(600.0, gt=0, description="seconds without a heartbeat (or any use) before a sandbox is reaped")
     reconcile_interval: float = Field(10.0, gt=0, description="seconds between reconciliation passes")
@@ -163,7 +166,23 @@ class ServiceSettings(BaseSettings):
             # sandboxes must outlive a replica restart so that it (or another) adopts them
             config["die_with_client"] = False
             config.setdefault("root", str(default_serve_root()))
+        if self.backend in ("docker", "kubernetes") and "owner" not in config and self.default_owner():
+            # one owner for every replica of this deployment and its restarts: they all list the
+            # sandboxes, and none is swept because the process that made it is gone
+            config["owner"] = self.default_owner()
         return config
+
+    def default_owner(self) -> str | None:
+        """$ORCHARD_OWNER, else one name per store (the deployment: same Redis and prefix);
+        None in memory, where sandboxes stay per-process (a restart loses their records)."""
+        if self.owner or not self.redis_url:
+            return self.owner
+        import hashlib
+        from urllib.parse import urlsplit
+
+        url = urlsplit(self.redis_url)  # without the password: the owner label is public
+        where = f"{url.scheme}://{url.hostname}:{url.port}{url.path}|{self.redis_prefix}"
+        return "serve-" + hashlib.sha256(where.encode()).hexdigest()[:16]
 
 
 def is_loopback(host: str) -> bool:
