@@ -19,7 +19,7 @@ log() { echo "[setup_system] $*"; }
 PACKAGES=(
   podman runc conmon netavark aardvark-dns iptables catatonit uidmap
   bubblewrap redis-server debootstrap busybox-static
-  git patch curl ca-certificates python3
+  git patch curl ca-certificates openssl python3
 )
 
 missing=()

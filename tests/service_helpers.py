@@ -32,14 +32,11 @@ def short_root(tag: str) -> Path:
 
 
 def need_redis_server() -> None:
-    """Skip without redis-server, unless $ORCHARD_REQUIRE names redis (CI installs it): then fail."""
-    import pytest
+    """Skip without redis-py or redis-server, unless $ORCHARD_REQUIRE names redis (CI installs it): then fail."""
+    from components import require, require_module
 
-    pytest.importorskip("redis")
-    if shutil.which("redis-server") is None:
-        if "redis" in os.environ.get("ORCHARD_REQUIRE", "").split(","):
-            pytest.fail("redis-server is not installed but ORCHARD_REQUIRE names redis")
-        pytest.skip("redis-server is not installed (bash scripts/setup_system.sh)")
+    require_module("redis", "redis")
+    require("redis", None if shutil.which("redis-server") else "redis-server is not installed (bash scripts/setup_system.sh)")
 
 
 class RedisServer:

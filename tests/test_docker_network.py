@@ -21,15 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine, fake_k8s_unavailable
+from conftest import DOCKER_IMAGES, docker_engine, fake_k8s_unavailable, needs
 from orchard_gym import SandboxClient
 from orchard_gym.backends import host_guard
 
 gateway, why_not = docker_engine()
 k8s_why_not = fake_k8s_unavailable()
 pytestmark = [pytest.mark.docker, pytest.mark.kubernetes,
-              pytest.mark.skipif(gateway is None, reason=why_not),
-              pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")]
+              needs("docker", None if gateway else why_not), needs("kubernetes", k8s_why_not)]
 BUSYBOX = DOCKER_IMAGES["busybox"]
 MB = 2**20
 

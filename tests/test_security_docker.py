@@ -10,14 +10,14 @@ import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine, wait_until
+from conftest import DOCKER_IMAGES, docker_engine, needs, wait_until
 from orchard_gym import SandboxClient
 from orchard_gym.backends import host_guard
 from orchard_gym.backends.config import DOCKER_CAPABILITIES
 from orchard_gym.errors import BackendError
 
 gateway, why_not = docker_engine()
-pytestmark = [pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]
+pytestmark = [pytest.mark.docker, needs("docker", None if gateway else why_not)]
 BUSYBOX, BOOKWORM = DOCKER_IMAGES["busybox"], DOCKER_IMAGES["bookworm"]
 
 # bit numbers of linux/capability.h

@@ -31,9 +31,9 @@ import pytest
 from service_helpers import (REPO, Orchestrator, RedisServer, free_port, need_redis_server, remove_all_sandboxes,
                              short_root)
 
-from conftest import marked_pids, wait_until
+from conftest import marked_pids, needs, require_module, wait_until
 
-pytest.importorskip("fastapi")
+require_module("server", "fastapi")
 
 ALICE, BOB, ADMIN = "alice-key-" + "a" * 20, "bob-key-" + "b" * 20, "admin-key-" + "c" * 20
 SECRET = "s3cr3t-value-never-shown"
@@ -251,10 +251,10 @@ def _backend_params():
     k8s_why_not = fake_k8s_unavailable()
     return [pytest.param("local", None, id="local"),
             pytest.param("docker", DOCKER_IMAGES["busybox"], id="docker",
-                         marks=[pytest.mark.docker, pytest.mark.skipif(gateway is None, reason=why_not)]),
+                         marks=[pytest.mark.docker, needs("docker", None if gateway else why_not)]),
             pytest.param("kubernetes", DOCKER_IMAGES["busybox"], id="kubernetes",
                          marks=[pytest.mark.kubernetes,
-                                pytest.mark.skipif(k8s_why_not is not None, reason=k8s_why_not or "")])]
+                                needs("kubernetes", k8s_why_not)])]
 
 
 @pytest.mark.parametrize("backend, image", _backend_params())

@@ -20,7 +20,9 @@ import pytest
 import yaml
 from service_helpers import REPO, Orchestrator, RedisServer, free_port, need_redis_server, remove_all_sandboxes, short_root
 
-pytest.importorskip("fastapi")
+from conftest import require, require_module  # noqa: E402
+
+require_module("server", "fastapi")
 
 
 def _serve(redis_url: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
@@ -171,8 +173,7 @@ def _certificates(where: Path) -> tuple[Path, Path, Path]:
 
 def test_rediss_with_a_password_and_a_ca(tmp_path, password):
     need_redis_server()
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is needed to make test certificates")
+    require("openssl", None if shutil.which("openssl") else "the openssl CLI makes the test certificates")
     ca, cert, key = _certificates(tmp_path)
     tls_port = free_port()
     server = RedisServer(tmp_path, args=["--requirepass", password, "--tls-port", str(tls_port),

@@ -17,6 +17,8 @@ import gymnasium as gym
 import pytest
 from test_swe_env import swe_images_missing
 
+from conftest import needs
+
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.swe.env import SWEEnv
 from orchard_gym.envs.swe.grading import grade
@@ -30,8 +32,7 @@ PARSE = "parse-1.20.1"  # flat layout: its module (parse.py) sits in the reposit
 
 BACKENDS = [
     pytest.param("local", id="local"),
-    pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.skipif(
-        swe_images_missing() is not None, reason=str(swe_images_missing()))]),
+    pytest.param("docker", id="docker", marks=[pytest.mark.docker, needs("swe-images", swe_images_missing())]),
 ]
 
 
@@ -193,7 +194,7 @@ def test_in_place_grading_trusts_the_policys_processes(local_root):
 
 
 @pytest.mark.docker
-@pytest.mark.skipif(swe_images_missing() is not None, reason=str(swe_images_missing()))
+@needs("swe-images", swe_images_missing())
 def test_edited_venv_scores_zero_docker():
     """A container's venv is writable by the policy; the grading container starts from the image."""
     out = asyncio.run(episode({"type": "docker"}, SEMVER, venv_attack(TASKS[SEMVER])))
