@@ -177,7 +177,7 @@ def _rmdir_tree(top: Path, deadline: float) -> None:
                 if e.errno != errno.EBUSY or time.monotonic() > deadline:
                     raise CgroupError(f"cannot remove {directory}: {e}") from None
                 _kill_pids(_pids(directory))
-                time.sleep(0.005)
+                time.sleep(0.001)
 
 
 # --------------------------------------------------------------------------- drivers
@@ -342,11 +342,11 @@ class SandboxCgroup:
         if self.version == 1:
             _write(top / "freezer.state", "FROZEN")
             while (_read(top / "freezer.state") or "").strip() == "FREEZING" and time.monotonic() < deadline:
-                time.sleep(0.002)
+                time.sleep(0.0005)
         else:
             _write(top / "cgroup.freeze", "1")
             while _keyed(_read(top / "cgroup.events"), "frozen") == 0 and time.monotonic() < deadline:
-                time.sleep(0.002)
+                time.sleep(0.0005)
 
     def _thaw_all(self, top: Path) -> None:
         name, value = ("freezer.state", "THAWED") if self.version == 1 else ("cgroup.freeze", "0")
@@ -364,7 +364,7 @@ class SandboxCgroup:
             if time.monotonic() > deadline:
                 raise CgroupError(f"processes {left[:10]} of {top} survived SIGKILL")
             _kill_pids(left)
-            time.sleep(0.005)
+            time.sleep(0.001)
 
     def remove(self, deadline: float | None = None) -> None:
         deadline = deadline if deadline is not None else time.monotonic() + 5

@@ -309,3 +309,27 @@ def test_resources_of_an_unknown_sandbox(local_root):
             client._loop.run(client._async._control.resources("sb-none"))
         with pytest.raises(SandboxNotFound):
             client._loop.run(client._async._control.resources("../etc"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_commands_join_their_job_cgroup_and_inherit_no_cgroup_fd(local_root, mode):
+    hierarchy = "freezer" if mode == "v1" else ""
+    with SandboxClient(config(local_root, cgroups=mode)) as client:
+        box = client.create_sandbox()
+        sandbox_cg = box.resources()["cgroup"]
+
+        def job_of(text: str) -> str:
+            line = next(x for x in text.splitlines() if x.split(":")[1] == hierarchy)
+            return line.split(":", 2)[2]
+
+        shell = box.exec("cat /proc/self/cgroup; echo FDS; ls -l /proc/$$/fd; true")  # bash -c: joins by itself
+        listed = box.exec(["cat", "/proc/self/cgroup"])  # argv: joined before exec
+        for out in (shell.stdout.split("FDS")[0], listed.stdout):
+            path = job_of(out)
+            assert path.rsplit("/", 2)[-2] == sandbox_cg.rsplit("/", 1)[-1] and "/job-" in path, path
+        fds = shell.stdout.split("FDS")[1]
+        assert "/dev/null" in fds and "cgroup" not in fds and "procs" not in fds, fds
+        listed_fds = box.exec(["ls", "-l", "/proc/self/fd"]).stdout
+        assert "/dev/null" in listed_fds and "cgroup" not in listed_fds, listed_fds
+        assert box.exec("echo 'a;b'; exit 3").exit_code == 3  # the prefix leaves the command as it was
+        assert box.exec("echo $# $0").stdout.split()[0] == "0"  # no arguments appear
