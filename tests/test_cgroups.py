@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from conftest import HAS_BWRAP, wait_until
@@ -293,6 +294,12 @@ def test_resources_through_the_orchestrator(remote_orchestrator):
         assert res["usage"]["cpu_seconds"] > 0 and res["usage"]["memory_peak_bytes"] > 0
         with pytest.raises(SandboxNotFound):
             client._loop.run(client._async._control.resources("sb-nope"))
+    headers = {"X-API-Key": remote_orchestrator.api_key}
+    with httpx.Client(base_url=remote_orchestrator.url, headers=headers, timeout=30) as http:
+        for garbage in ("sb-nope", "..%2F..%2Fetc", "x" * 5000, "%00", "sb-%E2%98%83"):
+            resp = http.get(f"/sandboxes/{garbage}/resources")
+            assert resp.status_code == 404, (garbage, resp.status_code, resp.text)
+        assert http.get("/sandboxes/sb-nope/resources", headers={"X-API-Key": "wrong"}).status_code == 403
 
 
 def test_bad_cgroup_config_is_refused():
