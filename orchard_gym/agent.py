@@ -23,6 +23,8 @@ ORCHARD_JOB marker, and on timeout we kill its process group and then every
 process whose environment holds the marker (the same idea as a cgroup, without
 needing one). The agent also makes itself a child subreaper so that orphaned
 descendants stay under it (and get reaped) rather than escaping to the host's init.
+Where the local backend passes a cgroup (--job-cgroup-fd), each command also gets its own
+cgroup, killed whole (JobCgroups): `env -i` drops the marker, not the cgroup.
 
 Run `python3 agent.py --help` for options.
 """

@@ -205,7 +205,7 @@ def test_cpu_half_bounds_two_busy_loops(local_root):
         used = box.resources()["usage"]["cpu_seconds"] - before
         # two loops on two cores would use up to 2 s per second; the quota allows 0.5
         assert used / wall <= 0.75, (used, wall)
-        assert used > 0.2, (used, wall)  # and they did run
+        assert used > 0.05, (used, wall)  # and they did run
 
 
 @pytest.mark.parametrize("mode", MODES)
