@@ -180,6 +180,33 @@ def _rmdir_tree(top: Path, deadline: float) -> None:
                 time.sleep(0.001)
 
 
+def _probe(parents: list[Path]) -> None:
+    """Move a throwaway child into a fresh cgroup under each parent: mkdir can be allowed
+    where moving processes is not (a delegated subtree, a foreign cgroup namespace)."""
+    import subprocess
+
+    probes = [p / f"probe-{os.getpid()}-{time.monotonic_ns()}" for p in parents]
+    try:
+        for probe in probes:
+            probe.mkdir()
+        join = subprocess.run(["/bin/sh", "-c", 'for d; do echo 0 > "$d/cgroup.procs" || exit 1; done', "sh",
+                               *map(str, probes)], capture_output=True, text=True, timeout=30)
+        if join.returncode != 0:
+            raise CgroupError(f"cannot move a process into {parents[0]}: {join.stderr.strip()[-200:]}")
+    except OSError as e:
+        raise CgroupError(f"cannot make a cgroup in {parents[0]}: {e.strerror}") from None
+    finally:
+        for probe in probes:
+            for _ in range(1000):  # the child's exit releases the cgroup a moment later
+                try:
+                    probe.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.001)
+
+
 # --------------------------------------------------------------------------- drivers
 
 
@@ -206,6 +233,7 @@ class V1Driver(CgroupDriver):
                 parent.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise CgroupError(f"v1 {controller} hierarchy not writable ({parent}: {e.strerror})") from None
+        _probe(list(dict.fromkeys(parents.values())))
         self.limits = frozenset(c for c in LIMITS if c in parents)
 
     def create(self, name, pids=None, memory=None, cpu=None) -> SandboxCgroup:
@@ -240,6 +268,7 @@ class V2Driver(CgroupDriver):
                 raise CgroupError(f"v2 at {parent} has no cgroup.freeze (kernel before 5.2)")
         except OSError as e:
             raise CgroupError(f"v2 hierarchy not writable ({parent}: {e.strerror})") from None
+        _probe([parent])
         self.limits, self.why_no_limits = self._enable_controllers()
 
     def _enable_controllers(self) -> tuple[frozenset[str], str]:

@@ -340,3 +340,18 @@ def test_commands_join_their_job_cgroup_and_inherit_no_cgroup_fd(local_root, mod
         assert "/dev/null" in listed_fds and "cgroup" not in listed_fds, listed_fds
         assert box.exec("echo 'a;b'; exit 3").exit_code == 3  # the prefix leaves the command as it was
         assert box.exec("echo $# $0").stdout.split()[0] == "0"  # no arguments appear
+
+
+@pytest.mark.skipif(not os.path.isdir("/sys/fs/cgroup/cpuset") or os.geteuid() != 0,
+                    reason="needs a v1 cpuset hierarchy, as root")
+def test_cgroups_where_processes_cannot_move_fall_back(local_root, monkeypatch):
+    """mkdir works but migration fails (a v1 cpuset child has no CPUs until told: ENOSPC),
+    as in a delegated subtree: detection says so instead of failing every create."""
+    monkeypatch.setattr(cgroups, "_mounts", lambda: [("cgroup", "/sys/fs/cgroup/cpuset", "/", {"freezer"})])
+    monkeypatch.setattr(cgroups, "_own_paths", lambda: {"freezer": "/"})
+    driver, why = cgroups.detect("auto", "orchard-gym-test")
+    assert driver is None and "cannot move a process into /sys/fs/cgroup/cpuset/orchard-gym-test" in why, why
+    with SandboxClient(config(local_root)) as client:
+        box = client.create_sandbox()
+        assert box.resources()["kill"].startswith("marker (no writable cgroups: cannot move a process")
+        assert box.exec("echo ok").stdout == "ok\n"
