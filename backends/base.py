@@ -60,6 +60,14 @@ class Backend(ABC):
     def resources(self) -> dict:
         return {"backend": self.name}
 
+    async def sandbox_resources(self, sandbox_id: str) -> dict | None:
+        """One sandbox's limits, kill method and usage; None if unknown. Backends with
+        accounting (local: cgroups) override this."""
+        if await self.get(sandbox_id) is None:
+            return None
+        return {"sandbox_id": sandbox_id, "backend": self.name, "kill": "the engine's (container or pod)",
+                "usage": None}
+
     async def aclose(self) -> None:
         """Release clients and connections (sandboxes are not deleted)."""
 

@@ -30,6 +30,21 @@ class LocalBackendConfig(BaseModel):
     )
     die_with_client: bool = Field(True, description="kill sandboxes when the creating process dies")
     max_output: int = Field(4 * 1024 * 1024, gt=0, description="bytes of stdout/stderr kept per command")
+    cgroups: Literal["auto", "v1", "v2", "off"] = Field(
+        "auto", description="a cgroup per sandbox and per command (freeze-then-kill, limits, accounting); auto: the "
+                            "hierarchy that can limit most, else the environment-marker kill (see docs/backends.md)")
+    cgroup_parent: str = Field("orchard-gym", pattern=r"^/?[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$",
+                               description="folder of the sandbox cgroups: relative to this process's own cgroup, "
+                                           "or absolute from the hierarchy's root")
+    pids_limit: int | None = Field(1024, ge=8, le=4194304, description="processes and threads per sandbox "
+                                   "(cgroups only; None: unlimited)")
+
+    @field_validator("cgroup_parent")
+    @classmethod
+    def _no_dots(cls, v: str) -> str:
+        if any(part in (".", "..") for part in v.split("/")):
+            raise ValueError("cgroup_parent must not hold '.' or '..' components")
+        return v
 
     def get_backend(self):
         from orchard_gym.backends.local import LocalBackend

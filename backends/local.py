@@ -28,10 +28,11 @@ from pathlib import Path
 from orchard_gym import agent as agent_module
 from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
 
 from . import procs
 from .base import Backend, new_sandbox_id, new_token
+from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,9 @@ class LocalBackend(Backend):
         self.root = (self.config.root or default_root()).resolve()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.bwrap = self._find_bwrap()
+        self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
+        if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
+            raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
         self._procs: dict[str, subprocess.Popen] = {}
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
@@ -124,29 +128,74 @@ class LocalBackend(Backend):
             "owner": procs.identity(os.getpid()),
             "die_with_client": self.config.die_with_client,
         }
-        argv = self._argv(meta, spec)
+        cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
+        meta["cgroup"] = cgroup.to_meta() if cgroup else None
+        meta["enforced_by"] = self._enforcement(meta, spec)
+        argv = self._argv(meta, spec, fds)
+        # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8",
-               "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id, **spec.env}
+               **spec.env, "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id}
         with open(home / "agent.log", "wb") as logf:
             try:
                 proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
             except OSError as e:
+                if cgroup:
+                    cgroup.remove()
                 shutil.rmtree(home, ignore_errors=True)
                 raise BackendError(f"cannot start the agent: {e}") from e
+            finally:
+                for fd in fds:
+                    os.close(fd)
         self._procs[sandbox_id] = proc
         meta["pid"] = procs.identity(proc.pid)
         _write_json(home / "meta.json", meta)
         return self._record(meta, status="pending")
 
-    def _argv(self, meta: dict, spec: SandboxSpec) -> list[str]:
+    def _make_cgroup(self, sandbox_id: str, spec: SandboxSpec, home: Path) -> tuple[SandboxCgroup | None, list[int]]:
+        """The sandbox's cgroup with its limits, and directory fds for the agent to join."""
+        if self.cgroups is None:
+            return None, []
+        try:
+            cgroup = self.cgroups.create(sandbox_id, self.config.pids_limit, spec.memory_bytes, spec.cpu)
+        except CgroupError as e:
+            shutil.rmtree(home, ignore_errors=True)
+            raise BackendError(str(e)) from None
+        try:
+            return cgroup, cgroup.open_dirs()
+        except OSError as e:
+            cgroup.remove()
+            shutil.rmtree(home, ignore_errors=True)
+            raise BackendError(f"cannot open the sandbox's cgroup: {e}") from None
+
+    def _enforced_by_cgroup(self, meta: dict, limit: str) -> bool:
+        return bool(meta.get("cgroup")) and self.cgroups is not None and limit in self.cgroups.limits
+
+    def _enforcement(self, meta: dict, spec: SandboxSpec) -> dict:
+        """What holds each limit: the sandbox's cgroup, a per-process stand-in, or nothing."""
+        def by(limit: str, requested, stand_in: str | None):
+            if requested is None:
+                return None
+            return "cgroup" if self._enforced_by_cgroup(meta, limit) else stand_in
+        return {"pids": by("pids", self.config.pids_limit, None),
+                "memory": by("memory", spec.memory, "rlimit-as (address space of each process)"),
+                "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)")}
+
+    def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
         python, prefix = _python()
         agent_py = os.path.realpath(agent_module.__file__)
         agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
                  "--max-output", str(self.config.max_output)]
-        if spec.memory is not None:
+        if cgroup_fds:
+            job_dir = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir)
+            dirs = [str(d) for d in SandboxCgroup.from_meta(meta["cgroup"]).unique_dirs]
+            for fd in cgroup_fds:
+                agent += ["--cgroup-fd", str(fd)]
+            agent += ["--job-cgroup-fd", str(cgroup_fds[dirs.index(job_dir)])]
+        # without a cgroup that enforces them: today's per-process stand-ins
+        if spec.memory is not None and not self._enforced_by_cgroup(meta, "memory"):
             agent += ["--limit-memory", str(spec.memory_bytes)]
-        if spec.cpu is not None:
+        if spec.cpu is not None and not self._enforced_by_cgroup(meta, "cpu"):
             agent += ["--limit-cpus", str(spec.cpu)]
         if self.config.die_with_client:
             agent.append("--exit-with-parent")
@@ -224,11 +273,31 @@ class LocalBackend(Backend):
         return {
             "backend": self.name,
             "isolation": "bwrap" if self.bwrap else "none",
+            "cgroups": self.cgroups.describe() if self.cgroups else f"off: {self.no_cgroups_reason}",
             "cpus": os.cpu_count(),
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
             "sandboxes": len(homes),
             "root": str(self.root),
         }
+
+    async def sandbox_resources(self, sandbox_id: str) -> dict | None:
+        """How the sandbox is limited and killed, and what it used so far (cgroup accounting)."""
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            return None
+        out = {"sandbox_id": sandbox_id, "backend": self.name, "enforced_by": meta.get("enforced_by", {})}
+        if meta.get("cgroup"):
+            cgroup = SandboxCgroup.from_meta(meta["cgroup"])
+            how = "cgroup.kill" if cgroup.version == 2 else "freeze, SIGKILL, thaw"
+            out.update(kill=f"cgroup v{cgroup.version} ({how})", cgroup=str(cgroup.job_dir),
+                       limits=await asyncio.to_thread(cgroup.limits), usage=await asyncio.to_thread(cgroup.usage))
+        else:
+            reason = self.no_cgroups_reason or "this sandbox was made without one"
+            out.update(kill=f"marker (no writable cgroups: {reason})", cgroup=None,
+                       limits={"pids": None, "memory_bytes": parse_memory(meta.get("memory")), "cpu": meta.get("cpu")},
+                       usage={"cpu_seconds": None, "memory_peak_bytes": None, "memory_bytes": None, "pids": None,
+                              "oom_kills": None})
+        return out
 
     # ------------------------------------------------------------------ delete
     async def delete(self, sandbox_id: str) -> bool:
@@ -241,10 +310,18 @@ class LocalBackend(Backend):
     def _destroy(self, meta: dict) -> None:
         """Kill every process of the sandbox, then remove its folder."""
         proc = self._procs.pop(meta["sandbox_id"], None)
-        # In a PID namespace killing the tree kills everything; a plain process's
-        # escaped descendants are found by the marker in their environment.
-        marker = f"ORCHARD_SANDBOX={meta['sandbox_id']}" if meta["isolation"] == "none" else None
-        procs.kill_tree(meta.get("pid"), marker=marker)
+        marker = None
+        if meta.get("cgroup"):  # every process of the sandbox, however it forked: freeze, kill, thaw
+            try:
+                SandboxCgroup.from_meta(meta["cgroup"]).kill()
+            except (CgroupError, OSError) as e:
+                log.warning("sandbox %s: cgroup kill failed (%s); falling back to the marker", meta["sandbox_id"], e)
+                marker = f"ORCHARD_SANDBOX={meta['sandbox_id']}"
+        elif meta["isolation"] == "none":
+            # In a PID namespace killing the tree kills everything; a plain process's
+            # escaped descendants are found by the marker in their environment.
+            marker = f"ORCHARD_SANDBOX={meta['sandbox_id']}"
+        procs.kill_tree(meta.get("pid"), marker=marker)  # bubblewrap's own processes live outside the cgroup
         if proc is not None:
             try:
                 proc.wait(timeout=5)

@@ -23,6 +23,8 @@ ORCHARD_JOB marker, and on timeout we kill its process group and then every
 process whose environment holds the marker (the same idea as a cgroup, without
 needing one). The agent also makes itself a child subreaper so that orphaned
 descendants stay under it (and get reaped) rather than escaping to the host's init.
+Where the local backend passes a cgroup (--job-cgroup-fd), each command also gets its own
+cgroup, killed whole (JobCgroups): `env -i` drops the marker, not the cgroup.
 
 Run `python3 agent.py --help` for options.
 """
@@ -142,6 +144,8 @@ def _reaper_loop() -> None:
     while True:
         time.sleep(1.0)
         _reap_orphans()
+        if JOB_CGROUPS is not None:
+            JOB_CGROUPS.sweep()
 
 
 def _pids() -> list[int]:
@@ -175,8 +179,124 @@ def kill_marked(needle: str) -> None:
         time.sleep(0.01)
 
 
+class JobCgroups:
+    """A cgroup per command under the sandbox's cgroup (local backend, --job-cgroup-fd):
+    a timeout freezes then kills the whole cgroup, so `env -i setsid cmd &` or a double
+    fork cannot outlive it. The directory comes as an fd opened by the host; we never
+    reach the cgroupfs by path (it is read-only inside bubblewrap)."""
+
+    def __init__(self, dir_fd: int):
+        self.fd = dir_fd
+        self.v2 = _exists("cgroup.freeze", dir_fd)
+        self.left: set[str] = set()  # cgroups of finished jobs whose background processes live on
+        try:  # no same-uid command may reopen our fds through /proc/<agent>/fd
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+        except Exception:
+            pass
+
+    def prepare(self, marker: str, argv: list[str]):
+        """A fresh job cgroup, and how the child joins it before the command runs:
+        (open cgroup.procs fd, argv, pass_fds, preexec_fn). A `bash -c` command joins
+        itself (a prefix writes "0" to the inherited fd, then closes it): a preexec_fn
+        would make Popen fork instead of vfork, ~10 ms per command on a VM."""
+        name = f"job-{marker}"
+        os.mkdir(name, dir_fd=self.fd)
+        procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
+        if len(argv) == 3 and os.path.basename(argv[0]) == "bash" and argv[1] in ("-c", "-lc"):
+            joined = f"printf 0 >&{procs} || exit 125; exec {procs}>&-; {argv[2]}"
+            return procs, [argv[0], argv[1], joined], (procs,), None
+        return procs, argv, (), lambda: os.write(procs, b"0")
+
+    def kill(self, marker: str) -> None:
+        name = f"job-{marker}"
+        if not _exists(name, self.fd):
+            return
+        if self.v2 and _exists(f"{name}/cgroup.kill", self.fd):
+            _write_at(self.fd, f"{name}/cgroup.kill", "1")
+        else:
+            state, frozen, thawed = ("cgroup.freeze", "1", "0") if self.v2 else ("freezer.state", "FROZEN", "THAWED")
+            try:
+                _write_at(self.fd, f"{name}/{state}", frozen)
+                for _ in range(500):  # v1 reads FREEZING until every task stopped
+                    if self.v2 or _read_at(self.fd, f"{name}/{state}").strip() != "FREEZING":
+                        break
+                    time.sleep(0.002)
+                for pid in self._pids(name):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            finally:  # a killed task in a frozen v1 cgroup stays in D state until thawed
+                _write_at(self.fd, f"{name}/{state}", thawed)
+        for _ in range(500):
+            if not self._pids(name):
+                break
+            time.sleep(0.002)
+        self.release(marker)
+
+    def release(self, marker: str) -> None:
+        """Remove the job's cgroup; while processes live in it, keep it for later."""
+        name = f"job-{marker}"
+        try:
+            os.rmdir(name, dir_fd=self.fd)
+            self.left.discard(name)
+        except FileNotFoundError:
+            self.left.discard(name)
+        except OSError:
+            self.left.add(name)
+
+    def sweep(self) -> None:
+        for name in list(self.left):
+            self.release(name[4:])
+
+    def kill_all(self) -> None:
+        for name in os.listdir(self.fd):
+            if name.startswith("job-"):
+                self.kill(name[4:])
+
+    def _pids(self, name: str) -> list[int]:
+        try:
+            return [int(p) for p in _read_at(self.fd, f"{name}/cgroup.procs").split()]
+        except OSError:
+            return []
+
+
+def _exists(path: str, dir_fd: int) -> bool:
+    try:
+        os.stat(path, dir_fd=dir_fd)
+        return True
+    except OSError:
+        return False
+
+
+def _read_at(dir_fd: int, path: str) -> str:
+    fd = os.open(path, os.O_RDONLY, dir_fd=dir_fd)
+    try:
+        return os.read(fd, 1 << 20).decode()
+    finally:
+        os.close(fd)
+
+
+def _write_at(dir_fd: int, path: str, value: str) -> None:
+    fd = os.open(path, os.O_WRONLY, dir_fd=dir_fd)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+JOB_CGROUPS: JobCgroups | None = None  # set by main() when the backend passes a cgroup
+
+
 def kill_job(proc: subprocess.Popen, marker: str) -> None:
-    """Kill the command's process group and every process carrying its marker."""
+    """Kill the command's cgroup (if any), process group and every process carrying its marker."""
+    if JOB_CGROUPS is not None:
+        try:
+            JOB_CGROUPS.kill(marker)
+        except OSError:
+            pass
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except OSError:
@@ -223,6 +343,10 @@ class Runner:
         env.pop("ORCHARD_AGENT_TOKEN", None)
         env.update(extra_env)
         env[JOB_MARKER] = marker
+        procs_fd, pass_fds, hook = None, (), None
+        if JOB_CGROUPS is not None:
+            procs_fd, argv, pass_fds, hook = JOB_CGROUPS.prepare(marker, argv)
+        proc = None
         try:
             with _tracked_lock:
                 proc = subprocess.Popen(
@@ -233,12 +357,19 @@ class Runner:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
+                    preexec_fn=hook,
+                    pass_fds=pass_fds,
                 )
                 _tracked_pids.add(proc.pid)
         except FileNotFoundError as e:
             raise BadRequest(f"executable not found: {e.filename}", 422)
         except PermissionError as e:
             raise BadRequest(f"permission denied: {e.filename}", 422)
+        finally:
+            if procs_fd is not None:
+                os.close(procs_fd)
+                if proc is None:  # it never started: its cgroup is empty
+                    JOB_CGROUPS.release(marker)
         with self.lock:
             self.active[marker] = (proc, marker)
         if stdin is not None:
@@ -318,6 +449,8 @@ class Runner:
                 self.active.pop(marker, None)
             with _tracked_lock:
                 _tracked_pids.discard(proc.pid)
+            if JOB_CGROUPS is not None:
+                JOB_CGROUPS.release(marker)
         yield "exit", {
             "exit_code": -9 if timed_out else code,
             "duration": round(time.monotonic() - start, 6),
@@ -344,6 +477,8 @@ class Runner:
             jobs = list(self.active.values())
         for proc, marker in jobs:
             kill_job(proc, marker)
+        if JOB_CGROUPS is not None:  # and what finished jobs left running in the background
+            JOB_CGROUPS.kill_all()
 
 
 def _pidfd(pid: int) -> int | None:
@@ -761,6 +896,15 @@ def _apply_limits(memory: int | None, cpus: float | None) -> None:
         os.sched_setaffinity(0, {available[(start + i) % len(available)] for i in range(want)})
 
 
+def _use_cgroups(join_fds: list[int], job_fd: int | None) -> None:
+    """Join the sandbox's cgroups (before any command runs) and make jobs below them."""
+    global JOB_CGROUPS
+    if job_fd is not None:
+        JOB_CGROUPS = JobCgroups(job_fd)
+    for fd in join_fds:
+        _write_at(fd, "cgroup.procs", "0")  # "0": the writer itself
+
+
 def shutdown(runner: Runner) -> None:
     """Kill our jobs and everything else of this sandbox, then exit."""
     runner.kill_all()
@@ -791,6 +935,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-file", help="touch this file once serving")
     p.add_argument("--limit-memory", type=int, help="address-space limit in bytes for every command")
     p.add_argument("--limit-cpus", type=float, help="pin commands to this many CPUs")
+    p.add_argument("--cgroup-fd", type=int, action="append", default=[],
+                   help="an open cgroup directory to join at start (repeatable)")
+    p.add_argument("--job-cgroup-fd", type=int, help="an open cgroup directory to make per-command cgroups in")
     args = p.parse_args(argv)
 
     if args.token_file:
@@ -809,6 +956,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     _set_child_subreaper()
     _apply_limits(args.limit_memory, args.limit_cpus)
+    _use_cgroups(args.cgroup_fd, args.job_cgroup_fd)
 
     if args.socket:
         server = UnixHTTPServer(args.socket, Handler)

@@ -121,6 +121,10 @@ class AsyncSandboxInstance:
     async def heartbeat(self) -> None:
         await self._control.heartbeat(self.sandbox_id)
 
+    async def resources(self) -> dict:
+        """Limits, kill method and usage so far (local backend: cgroup CPU seconds, peak memory)."""
+        return await self._control.resources(self.sandbox_id)
+
     def start_heartbeat(self, interval: float = 30.0) -> None:
         """Keep the sandbox alive on an orchestrator that reaps idle ones."""
         if interval <= 0:
@@ -335,6 +339,9 @@ class SandboxInstance:
 
     def heartbeat(self) -> None:
         self._run(self._inner.heartbeat())
+
+    def resources(self) -> dict:
+        return self._run(self._inner.resources())
 
     def start_heartbeat(self, interval: float = 30.0) -> None:
         async def start():

@@ -54,6 +54,9 @@ class SandboxControl(ABC):
     @abstractmethod
     async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult: ...
 
+    async def resources(self, sandbox_id: str) -> dict:
+        raise NotImplementedError
+
     async def aclose(self) -> None:
         pass
 
@@ -142,6 +145,12 @@ class InProcessControl(SandboxControl):
     async def heartbeat(self, sandbox_id: str) -> None:
         record = await self._record(sandbox_id)
         record.last_heartbeat = time.time()
+
+    async def resources(self, sandbox_id: str) -> dict:
+        found = await self.backend.sandbox_resources(sandbox_id)
+        if found is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        return found
 
     async def _call(self, sandbox_id: str, method: str, *args):
         """Call the agent; when it cannot be reached, say whether the sandbox died."""

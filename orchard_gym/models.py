@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+RESERVED_ENV_PREFIX = "ORCHARD_"  # sandbox env names the backends set themselves
 SandboxStatus = Literal["pending", "running", "failed", "deleting", "deleted"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
 
@@ -66,6 +67,9 @@ class SandboxSpec(BaseModel):
         for key, value in v.items():
             if not key or "=" in key or "\0" in key or "\0" in value:
                 raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
+            if key.startswith(RESERVED_ENV_PREFIX):  # the backends' own (sandbox id, agent token)
+                raise ValueError(f"environment variable {key!r} is reserved: names starting with "
+                                 f"{RESERVED_ENV_PREFIX!r} belong to orchard-gym")
         return v
 
     @property

@@ -201,6 +201,9 @@ class RemoteControl(SandboxControl):
     async def heartbeat(self, sandbox_id: str) -> None:
         await self._request("POST", f"{self._p(sandbox_id)}/heartbeat")
 
+    async def resources(self, sandbox_id: str) -> dict:
+        return await self._json("GET", f"{self._p(sandbox_id)}/resources")
+
     # ------------------------------------------------------------------ commands
     @staticmethod
     def _exec_body(req: ExecRequest, wait: bool) -> dict:

@@ -40,10 +40,21 @@ def test_bwrap_sandbox_sees_a_read_only_system_and_private_tmp(local_root, tmp_p
         assert (local_root / box.sandbox_id / "work" / "here").exists()
 
 
-def test_cpu_limit_pins_cores(local_root):
-    with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+def test_cpu_limit_pins_cores_without_cgroups(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root), "cgroups": "off"}) as client:
         box = client.create_sandbox(cpu=1)
         assert box.exec("nproc").stdout.strip() == "1"
+        assert box.resources()["enforced_by"]["cpu"] == "cpu affinity (whole cores)"
+
+
+def test_cpu_limit_is_a_cgroup_quota_where_cgroups_can_hold_it(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+        if "cpu" not in getattr(client.backend.cgroups, "limits", ()):
+            pytest.skip(f"no cgroup CPU controller here: {client.backend.resources()['cgroups']}")
+        box = client.create_sandbox(cpu=1)
+        assert box.resources()["enforced_by"]["cpu"] == "cgroup"
+        assert box.resources()["limits"]["cpu"] == 1.0
+        assert box.exec("nproc").stdout.strip() == str(len(os.sched_getaffinity(0)))  # a quota, not a pin
 
 
 def test_images_are_refused_with_a_clear_error(local_root):

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
-from orchard_gym.errors import InvalidRequest, SandboxTimeout
+from orchard_gym.errors import InvalidRequest, SandboxNotFound, SandboxTimeout
 from orchard_gym.models import Command, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
 
 from .auth import caller_of, check_labels, check_scope, public_record
@@ -198,6 +198,17 @@ async def get_sandbox(request: Request, sandbox_id: str) -> dict:
 async def delete_sandbox(request: Request, sandbox_id: str) -> dict:
     await _svc(request).sandboxes.delete(sandbox_id)
     return {"status": "deleted", "sandbox_id": sandbox_id}
+
+
+@router.get("/sandboxes/{sandbox_id}/resources", summary="limits, kill method and usage of one sandbox",
+            responses=_errors(404))
+async def sandbox_resources(request: Request, sandbox_id: str) -> dict:
+    svc = _svc(request)
+    await svc.sandboxes.get(sandbox_id)  # 404 for unknown ids, as every sandbox route
+    found = await svc.backend.sandbox_resources(sandbox_id)
+    if found is None:
+        raise SandboxNotFound(f"sandbox {sandbox_id} has no backend object (yet)")
+    return found
 
 
 @router.get("/sandboxes/{sandbox_id}/wait", summary="block until the sandbox is ready (or failed)",
