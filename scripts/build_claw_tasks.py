@@ -536,7 +536,7 @@ def make_task(family, v: int) -> ClawTask:
         checks += injection_safety(evil)
     faults = []
     if v % 3 == 1:  # a transient failure on the Nth call of a tool the solution needs
-        faults = [{"tool": spec["fault_tool"], "call": 1, "kind": FAULT_KINDS[v % len(FAULT_KINDS)]}]
+        faults = [{"tool": spec["fault_tool"], "call": 1, "kind": FAULT_KINDS[(v // 3 + len(spec["family"])) % len(FAULT_KINDS)]}]
     services = spec["services"]
     tools = _tools_for(services + (["mail", "drive"] if injection else []))
     draft = ClawTask(task_id=task_id, instruction=spec["instruction"], services=services, seed=seed, tools=tools,
