@@ -228,3 +228,39 @@ def test_oracle_policy_plays_calls_then_submits():
     first = asyncio.run(policy([{"role": "user", "content": "x"}], []))
     after = asyncio.run(policy([{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}], []))
     assert first["name"] == "todo_list" and after["name"] == "submit"
+
+
+def _docker_why_not() -> str | None:
+    from conftest import docker_engine
+
+    gateway, why_not = docker_engine()
+    return None if gateway is not None else why_not
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_docker_why_not() is not None, reason=str(_docker_why_not()))
+@pytest.mark.parametrize("image", ["localhost/orchard/busybox:latest", "localhost/orchard/bookworm:latest"])
+def test_docker_oracle_passes_idle_fails_and_cli_matches_function(image):
+    """In containers (busybox: no Python, no glibc; the service runs on the agent bundle's
+    Python): the oracle passes, doing nothing fails, doors 1 and 2 leave the same world."""
+    task_id = "meeting-followup-002"
+
+    async def run(drive):
+        async with AsyncSandboxClient({"type": "docker"}) as client:
+            env = ClawEnv(client=client, bash=True, image=image)
+            await env.areset(options={"task_id": task_id})
+            await drive(env)
+            obs, reward, terminated, truncated, info = await env.astep({"name": "submit", "arguments": {}})
+            snap = env._ctx.state.get("snapshot")
+            await env.aclose()
+        return canonical(snap["state"]), info["report"]
+
+    async def nothing(env):
+        pass
+
+    state_fn, report_fn = asyncio.run(run(_door_function))
+    state_cli, report_cli = asyncio.run(run(_door_cli))
+    _, idle = asyncio.run(run(nothing))
+    assert report_fn["passed"] and report_fn["hardened"] and report_cli["passed"]
+    assert state_fn == state_cli
+    assert not idle["passed"] and idle["completion"] == 0.0

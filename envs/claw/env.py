@@ -71,14 +71,15 @@ class ClawTool(Tool):
 
 class ClawEnv(SandboxEnv):
     """Gymnasium env over Claw tasks. Extra kwargs: `tasks` ("builtin", a folder, a file or a
-    dict), `bash` (also offer a bash tool, for the `claw` command line)."""
+    dict), `bash` (also offer a bash tool, for the `claw` command line), `image` (the sandbox
+    image on container backends; any image works, with or without Python)."""
 
     env_id = "Orchard/Claw-v0"
 
-    def __init__(self, *, tasks: Any = "builtin", bash: bool = False, max_steps: int = 40,
-                 exec_timeout: float = 60.0, **kwargs: Any):
+    def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,
+                 max_steps: int = 40, exec_timeout: float = 60.0, **kwargs: Any):
         self._tasks: dict[str, ClawTask] = load_tasks(tasks)
-        self.with_bash = bash
+        self.with_bash, self.image = bash, image
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
     def make_tools(self) -> list[Tool]:
@@ -94,7 +95,7 @@ class ClawEnv(SandboxEnv):
         return self._tasks[task_id]
 
     def image_for(self, task: ClawTask) -> str | None:
-        return None  # the service needs only the agent's own Python: any image will do
+        return self.image  # the service needs only the agent's own Python: any image will do
 
     async def setup(self, sandbox: AsyncSandboxInstance, task: ClawTask) -> ToolContext:
         service = await ClawService.start(sandbox, task.seed, [f.model_dump() for f in task.faults], task.allowed)
