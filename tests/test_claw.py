@@ -147,3 +147,65 @@ def _exec(env, argv):
 
     ctx = env.unwrapped._ctx
     return LoopThread.shared().run(ctx.sandbox.exec(argv, env=ctx.env, cwd=ctx.cwd, timeout=60))
+
+
+def test_orchard_eval_reports_pass_at_k_and_the_three_parts(tmp_path, local_root):
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--env", "Orchard/Claw-v0", "--policy", "oracle", "-k", "2", "--task-id", "mail-reply-002",
+            "--task-id", "todo-cleanup-001", "--out", str(out), "--concurrency", "2"]
+    result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert result.exit_code == 0, result.output
+    assert "pass@2 100.0%; pass^2 100.0% over 2 tasks; mean task score 1.000" in result.output
+    assert "mean completion 1.000; mean safety 1.000; mean robustness 1.000" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 4 and all(t["report"]["passed"] for t in lines)
+
+
+def test_skill_md_and_claw_list_describe_the_task_tools(env):
+    env.reset(options={"task_id": "drive-share-001"})
+    task = env.unwrapped.task
+    r = _exec(env, ["sh", "-c", "cat .claw/SKILL.md; echo ===; claw --list; claw --schema drive_share_file"])
+    skill, listing = r.stdout.split("===")
+    assert r.exit_code == 0 and skill.startswith("---\nname: claw-tools")
+    assert {line.split("\t")[0] for line in listing.strip().splitlines() if "\t" in line} == set(task.tools)
+    assert all(f"`{name}`" in skill for name in task.tools) and "drive_delete_file" in listing
+    assert '"required"' in listing
+
+
+def test_bad_task_files_get_clear_errors(tmp_path):
+    from orchard_gym.envs.claw.tasks import load_tasks as load
+
+    good = json.loads((ROOT / "envs/claw/tasks/builtin/todo-cleanup-001.json").read_text())
+    cases = [({**good, "tools": ["rm_rf"]}, "unknown tools"),
+             ({**good, "checks": [{"type": "exists"}]}, "needs a path"),
+             ({**good, "checks": [{"kind": "safety", "type": "absent", "path": "todo.items"}]}, "completion check"),
+             ({**good, "faults": [{"tool": "todo_add", "call": 0, "kind": "rate_limit"}]}, "greater than or equal"),
+             ({**good, "surprise": 1}, "Extra inputs")]
+    for i, (data, expect) in enumerate(cases):
+        path = tmp_path / f"t{i}.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(ValueError, match=expect):
+            load(path)
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(ValueError, match="junk.json"):
+        load(tmp_path / "junk.json")
+    with pytest.raises(ValueError, match="no Claw tasks"):
+        load(tmp_path / "missing")
+
+
+def test_mcp_server_answers_garbage_lines_with_json_rpc_errors(tmp_path):
+    server = ROOT / "envs/claw/sandbox/claw_mcp.py"
+    lines = b"\n".join([b"{not json", b"\xff\xfe", b'{"jsonrpc": "2.0", "id": 1, "method": "nope"}',
+                        b'[1, 2]', b'{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+                        b'{"jsonrpc": "2.0", "id": 2, "method": "tools/list"}',
+                        b'{"jsonrpc": "2.0", "id": 3, "method": "ping"}']) + b"\n"
+    r = subprocess.run([sys.executable, "-I", "-S", str(server)], input=lines, capture_output=True, timeout=60,
+                       env={"CLAW_SOCKET": str(tmp_path / "none.sock")})
+    answers = [json.loads(line) for line in r.stdout.splitlines()]
+    assert r.returncode == 0 and len(answers) == 6  # the notification gets no answer
+    assert [a.get("error", {}).get("code") for a in answers] == [-32700, -32700, -32601, -32600, -32603, None]
+    assert "unreachable" in answers[4]["error"]["message"] and answers[5]["result"] == {}

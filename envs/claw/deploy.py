@@ -24,7 +24,7 @@ from orchard_gym.client import AsyncSandboxInstance
 from .sandbox import claw_tools
 from .sandbox.claw_service import DH_G, DH_P, dh_key
 
-SANDBOX_FILES = ["claw_tools.py", "claw_service.py", "claw_wire.py", "claw_cli.py", "claw_mcp.py"]
+SANDBOX_FILES = ["claw_tools.py", "claw_service.py", "claw_wire.py", "claw_cli.py", "claw_mcp.py", "claw_relay.py"]
 SOURCE_DIR = Path(__file__).parent / "sandbox"
 STATE_DIR = ".claw"  # under the sandbox's working directory
 
@@ -97,8 +97,8 @@ class ClawService:
         return cls(sandbox, home, python, key, bool(hello.get("hardened")))
 
     async def request(self, request: dict, timeout: float = 60) -> dict:
-        """One raw request through `claw --request` in the sandbox; errors come back as answers."""
-        r = await self.sandbox.exec(self.argv("claw_cli.py", "--request"), stdin=json.dumps(request),
+        """One raw request through the relay in the sandbox; errors come back as answers."""
+        r = await self.sandbox.exec(self.argv("claw_relay.py", self.socket), stdin=json.dumps(request),
                                     timeout=timeout)
         try:
             answer = json.loads(r.stdout)
