@@ -119,6 +119,7 @@ class ClawEnv(SandboxEnv):
                          "checks": [], "service_error": str(e)}
         report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed))
         report["hardened"] = snap.get("hardened")
+        report["doors"] = {door: sum(e["door"] == door for e in snap["log"]) for door in {e["door"] for e in snap["log"]}}
         ctx.state["snapshot"] = snap
         return report["task_score"], report
 
