@@ -30,6 +30,7 @@ from ..base import SandboxEnv
 from ..tools import BashTool, SubmitTool, Tool, ToolContext, ToolError, ToolResult, clip
 from . import checks
 from .deploy import ClawService, ServiceError
+from .judge import JudgeFailed, judge, parse_spec
 from .sandbox import claw_tools
 from .sandbox.claw_service import MAX_ARGS
 from .tasks import ClawTask, load_tasks
@@ -72,14 +73,19 @@ class ClawTool(Tool):
 class ClawEnv(SandboxEnv):
     """Gymnasium env over Claw tasks. Extra kwargs: `tasks` ("builtin", a folder, a file or a
     dict), `bash` (also offer a bash tool, for the `claw` command line), `image` (the sandbox
-    image on container backends; any image works, with or without Python)."""
+    image on container backends; any image works, with or without Python), `judge`
+    ("URL#MODEL" of an OpenAI-compatible endpoint, for tasks with judge checks)."""
 
     env_id = "Orchard/Claw-v0"
 
     def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,
+                 judge: str | None = None, judge_api_key: str | None = None,
                  max_steps: int = 40, exec_timeout: float = 60.0, **kwargs: Any):
         self._tasks: dict[str, ClawTask] = load_tasks(tasks)
         self.with_bash, self.image = bash, image
+        if judge is not None:
+            parse_spec(judge)
+        self.judge, self.judge_api_key = judge, judge_api_key
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
     def make_tools(self) -> list[Tool]:
@@ -117,7 +123,14 @@ class ClawEnv(SandboxEnv):
             # the service died or was replaced during the episode: nothing trustworthy to grade
             return 0.0, {"task_score": 0.0, "passed": False, "completion": 0.0, "safety": 0.0, "robustness": 0.0,
                          "checks": [], "service_error": str(e)}
-        report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed))
+        judged = {}
+        for i, check in enumerate(task.checks):
+            if check["type"] == "judge":
+                if self.judge is None:
+                    raise JudgeFailed(f"task {task.task_id} has a judge check: give the env judge='URL#MODEL'")
+                answer = (snap["state"].get("answer") or {}).get("text") or ""
+                judged[i] = await judge(self.judge, self.judge_api_key, check["rubric"], task.instruction, answer)
+        report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed), judged)
         report["hardened"] = snap.get("hardened")
         report["doors"] = {door: sum(e["door"] == door for e in snap["log"]) for door in {e["door"] for e in snap["log"]}}
         ctx.state["snapshot"] = snap
