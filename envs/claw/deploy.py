@@ -24,7 +24,8 @@ from orchard_gym.client import AsyncSandboxInstance
 from .sandbox import claw_tools
 from .sandbox.claw_service import DH_G, DH_P, dh_key
 
-SANDBOX_FILES = ["claw_tools.py", "claw_service.py", "claw_wire.py", "claw_cli.py", "claw_mcp.py", "claw_relay.py"]
+SANDBOX_FILES = ["claw_tools.py", "claw_service.py", "claw_wire.py", "claw_cli.py", "claw_mcp.py", "claw_relay.py",
+                 "agentdojo_service.py"]
 SOURCE_DIR = Path(__file__).parent / "sandbox"
 STATE_DIR = ".claw"  # under the sandbox's working directory
 
@@ -73,7 +74,10 @@ class ClawService:
 
     @classmethod
     async def start(cls, sandbox: AsyncSandboxInstance, seed: dict, faults: list, allowed: list | None,
-                    timeout: float = 60) -> ClawService:
+                    timeout: float = 60, *, world: dict | None = None, world_python: str | None = None,
+                    tools: list[dict] | None = None) -> ClawService:
+        """Upload the files and start the service. `world`/`world_python`/`tools`: another world
+        (AgentDojo: agentdojo_service.py under a Python that has agentdojo, with its tools)."""
         base = sandbox.workdir or "/workspace"
         home = f"{base}/{STATE_DIR}"
         python = await agent_python(sandbox)
@@ -83,11 +87,21 @@ class ClawService:
         await sandbox.upload_content(launcher.encode(), f"{home}/bin/claw", mode=0o755)
         mcp = "#!/bin/sh\nexec " + " ".join(map(shlex.quote, [*python, f"{home}/claw_mcp.py"])) + ' "$@"\n'
         await sandbox.upload_content(mcp.encode(), f"{home}/bin/claw-mcp", mode=0o755)
-        tools = [claw_tools.schema(n) for n in claw_tools.TOOLS if not allowed or n in allowed]
+        if tools is None:
+            tools = [claw_tools.schema(n) for n in claw_tools.TOOLS if not allowed or n in allowed]
         await sandbox.upload_content(skill_markdown(tools, "claw").encode(), f"{home}/SKILL.md")
         secret = secrets.randbelow(DH_P - 3) + 2
         config = {"seed": seed, "faults": faults, "allowed": allowed, "dh": str(pow(DH_G, secret, DH_P))}
-        r = await sandbox.exec([*python, f"{home}/claw_service.py", "--socket", f"{home}/claw.sock"],
+        service = [*python, f"{home}/claw_service.py"]
+        if world is not None:
+            config.update(world)
+            probe = await sandbox.exec([world_python, "-c", "import agentdojo"], timeout=timeout)
+            if probe.exit_code != 0:
+                raise ServiceError(f"this sandbox has no Python with agentdojo at {world_python} (AgentDojo tasks run "
+                                   f"on the local backend, whose sandboxes see the host's cached venv): "
+                                   f"{(probe.stderr or probe.stdout)[-300:]}")
+            service = [world_python, "-B", f"{home}/agentdojo_service.py"]
+        r = await sandbox.exec([*service, "--socket", f"{home}/claw.sock"],
                                stdin=json.dumps(config) + "\n", timeout=timeout)
         try:
             hello = json.loads(r.stdout.strip().splitlines()[-1])

@@ -39,14 +39,14 @@ from .tasks import ClawTask, load_tasks
 class ClawTool(Tool):
     """One service tool as an env action (door 1): jsonschema-checked here, run by the service."""
 
-    def __init__(self, name: str):
-        self.name = name
-        spec = claw_tools.TOOLS[name]
-        self.description, self.parameters = spec["description"], spec["parameters"]
+    def __init__(self, schema: dict):
+        self._schema = schema
+        fn = schema["function"]
+        self.name, self.description, self.parameters = fn["name"], fn["description"], fn["parameters"]
         self.validator = jsonschema.Draft202012Validator(self.parameters)
 
     def schema(self) -> dict:
-        return claw_tools.schema(self.name)
+        return self._schema
 
     def parse(self, arguments: dict) -> dict:
         try:
@@ -89,7 +89,10 @@ class ClawEnv(SandboxEnv):
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
     def make_tools(self) -> list[Tool]:
-        tools: list[Tool] = [ClawTool(name) for name in claw_tools.TOOLS]
+        schemas = {name: claw_tools.schema(name) for name in claw_tools.TOOLS}
+        for task in self._tasks.values():  # other worlds' tools (AgentDojo), once each
+            schemas.update({t["function"]["name"]: t for t in task.tool_schemas if t["function"]["name"] not in schemas})
+        tools: list[Tool] = [ClawTool(schema) for schema in schemas.values()]
         if self.with_bash:
             tools.append(BashTool())
         return tools + [SubmitTool()]
@@ -104,7 +107,13 @@ class ClawEnv(SandboxEnv):
         return self.image  # the service needs only the agent's own Python: any image will do
 
     async def setup(self, sandbox: AsyncSandboxInstance, task: ClawTask) -> ToolContext:
-        service = await ClawService.start(sandbox, task.seed, [f.model_dump() for f in task.faults], task.allowed)
+        world = {}
+        if task.agentdojo:
+            from .agentdojo_source import agentdojo_python
+
+            world = {"world": task.agentdojo, "world_python": agentdojo_python(), "tools": task.tool_schemas}
+        service = await ClawService.start(sandbox, task.seed, [f.model_dump() for f in task.faults], task.allowed,
+                                          **world)
         path_dir = f"{service.home}/bin"
         env = {"PATH": f"{path_dir}:/usr/local/bin:/usr/bin:/bin", "CLAW_SOCKET": service.socket}
         return ToolContext(sandbox=sandbox, cwd=sandbox.workdir or "/workspace", env=env,
@@ -130,7 +139,8 @@ class ClawEnv(SandboxEnv):
                     raise JudgeFailed(f"task {task.task_id} has a judge check: give the env judge='URL#MODEL'")
                 answer = (snap["state"].get("answer") or {}).get("text") or ""
                 judged[i] = await judge(self.judge, self.judge_api_key, check["rubric"], task.instruction, answer)
-        report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed), judged)
+        report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed), judged,
+                              snap.get("verdicts"))
         report["hardened"] = snap.get("hardened")
         report["doors"] = {door: sum(e["door"] == door for e in snap["log"]) for door in {e["door"] for e in snap["log"]}}
         ctx.state["snapshot"] = snap

@@ -13,8 +13,8 @@
       "oracle": [{"name": "mail_get_message", "arguments": {...}}, ...]   # a solution, retries included
     }
 
-`tasks=` of the env: "builtin" (the files in tasks/builtin/), a folder, one file, or a
-dict {task_id: ClawTask}.
+`tasks=` of the env: "builtin" (the files in tasks/builtin/), a folder, one file,
+"agentdojo:SUITE" (agentdojo_source.py), or a dict {task_id: ClawTask}.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .sandbox import claw_tools
 
@@ -57,14 +57,16 @@ class ClawTask(BaseModel):
     injection: Injection | None = None
     oracle: list[dict] = Field(default_factory=list)
     source: str = "orchard"
+    tool_schemas: list[dict] = Field(default_factory=list, description="the tools of another world (AgentDojo)")
+    agentdojo: dict | None = Field(None, description="suite, version, user_task, injection_task (agentdojo_source)")
 
-    @field_validator("tools")
-    @classmethod
-    def _known_tools(cls, tools: list[str]) -> list[str]:
-        unknown = sorted(set(tools) - set(claw_tools.TOOLS))
+    @model_validator(mode="after")
+    def _known_tools(self):
+        known = {t["function"]["name"] for t in self.tool_schemas} if self.tool_schemas else set(claw_tools.TOOLS)
+        unknown = sorted(set(self.tools) - known)
         if unknown:
             raise ValueError(f"unknown tools: {unknown}")
-        return tools
+        return self
 
     @field_validator("checks")
     @classmethod
@@ -95,6 +97,10 @@ def _read(path: Path) -> dict:
 
 def load_tasks(source: Any = "builtin") -> dict[str, ClawTask]:
     """Tasks by id from "builtin", a folder of task files, one file, or a dict."""
+    if isinstance(source, str) and source.startswith("agentdojo:"):
+        from .agentdojo_source import load_agentdojo
+
+        return load_agentdojo(source)
     if isinstance(source, dict):
         return {k: v if isinstance(v, ClawTask) else ClawTask.model_validate(v) for k, v in source.items()}
     path = BUILTIN if source in (None, "builtin") else Path(source)
