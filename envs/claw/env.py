@@ -89,7 +89,9 @@ class ClawEnv(SandboxEnv):
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
     def make_tools(self) -> list[Tool]:
-        schemas = {name: claw_tools.schema(name) for name in claw_tools.TOOLS}
+        schemas = {}
+        if any(not task.tool_schemas for task in self._tasks.values()):
+            schemas = {name: claw_tools.schema(name) for name in claw_tools.TOOLS}
         for task in self._tasks.values():  # other worlds' tools (AgentDojo), once each
             schemas.update({t["function"]["name"]: t for t in task.tool_schemas if t["function"]["name"] not in schemas})
         tools: list[Tool] = [ClawTool(schema) for schema in schemas.values()]
