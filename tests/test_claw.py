@@ -195,6 +195,19 @@ def test_bad_task_files_get_clear_errors(tmp_path):
         load(tmp_path / "junk.json")
     with pytest.raises(ValueError, match="no Claw tasks"):
         load(tmp_path / "missing")
+    with pytest.raises(ValueError, match="unknown AgentDojo suite"):
+        load("agentdojo:nonsense")
+    with pytest.raises(gym.error.Error, match="unknown task_id"):
+        ClawEnv(tasks={"t": good}).reset(options={"task_id": "nope"})
+
+
+def test_yaml_task_files_load_like_json(tmp_path):
+    import yaml  # the dev extra has PyYAML
+    from orchard_gym.envs.claw.tasks import load_tasks as load
+
+    good = json.loads((ROOT / "envs/claw/tasks/builtin/todo-cleanup-001.json").read_text())
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(good))
+    assert load(tmp_path)["todo-cleanup-001"] == TASKS["todo-cleanup-001"]
 
 
 def test_mcp_server_answers_garbage_lines_with_json_rpc_errors(tmp_path):

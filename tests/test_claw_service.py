@@ -60,10 +60,11 @@ async def _door_mcp(env):
     from mcp.client.stdio import stdio_client
 
     service = env._ctx.state["service"]
-    params = StdioServerParameters(command=sys.executable, args=["-I", "-S", f"{service.home}/claw_mcp.py"],
-                                   env={"CLAW_SOCKET": service.socket})
+    # the sandbox's own launcher (`#!/bin/sh`, the agent's Python): what an MCP-capable harness runs
+    params = StdioServerParameters(command=f"{service.home}/bin/claw-mcp", env={"CLAW_SOCKET": service.socket})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        await session.initialize()
+        init = await session.initialize()
+        assert init.serverInfo.name == "claw" if hasattr(init, "serverInfo") else init.server_info.name == "claw"
         listed = await session.list_tools()
         assert {t.name for t in listed.tools} == set(env.task.tools)
         for c in env.task.oracle:
