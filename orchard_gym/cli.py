@@ -148,8 +148,10 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--max-steps", type=click.IntRange(min=1), default=30, show_default=True)
 @click.option("--task-id", "task_filter", multiple=True, help="only these task ids (repeatable)")
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="trajectories JSONL (default runs/eval-TIME.jsonl)")
+@click.option("-k", "attempts", type=click.IntRange(min=1), default=1, show_default=True,
+              help="attempts per task: reports pass@k and pass^k")
 def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, concurrency, max_steps, task_filter,
-             out) -> None:
+             out, attempts) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
@@ -177,8 +179,10 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
     ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
     if task_filter and len(ids) != len(set(task_filter)):
         raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
+    if policy == "oracle" and hasattr(probe, "oracle_policy"):
+        agent = probe.oracle_policy()  # an env whose tasks carry their own solutions (Claw)
     episodes = episodes or len(ids)
-    schedule = [ids[i % len(ids)] for i in range(episodes)]
+    schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts)]
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -213,10 +217,28 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
         steps = sum(t.steps for t in results) / len(results)
         secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
         click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
+        _echo_pass_at_k(results, attempts)
     for t in results:
         mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
+
+
+def _echo_pass_at_k(results, k: int) -> None:
+    """pass@k (some attempt of a task passed) and pass^k (all k did), the mean task score and,
+    where the env reports them (Claw), its parts."""
+    by_task: dict[str, list[bool]] = {}
+    for t in results:
+        by_task.setdefault(t.task_id, []).append(bool(t.report.get("passed", t.reward > 0)) if t.ok else False)
+    n = len(by_task)
+    at_k = sum(any(v) for v in by_task.values()) / n
+    hat_k = sum(all(v) for v in by_task.values()) / n
+    click.echo(f"pass@{k} {at_k:.1%}; pass^{k} {hat_k:.1%} over {n} tasks; "
+               f"mean task score {sum(t.reward for t in results) / len(results):.3f}")
+    parts = [p for p in ("completion", "safety", "robustness") if any(p in t.report for t in results)]
+    if parts:
+        click.echo("; ".join(f"mean {p} {sum(t.report.get(p, 0.0) for t in results) / len(results):.3f}"
+                             for p in parts))
 
 
 @main.command("serve")
