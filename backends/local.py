@@ -31,7 +31,7 @@ from orchard_gym.errors import BackendError, InvalidRequest
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
 from . import procs
-from .base import Backend, new_sandbox_id, new_token
+from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import LocalBackendConfig
 
 log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ class LocalBackend(Backend):
         }
         argv = self._argv(meta, spec)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8",
-               "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id, **spec.env}
+               "ORCHARD_SANDBOX": sandbox_id, **spec.env}
         with open(home / "agent.log", "wb") as logf:
             try:
                 proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
@@ -143,7 +143,7 @@ class LocalBackend(Backend):
         python, prefix = _python()
         agent_py = os.path.realpath(agent_module.__file__)
         agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
-                 "--max-output", str(self.config.max_output)]
+                 "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
         if spec.memory is not None:
             agent += ["--limit-memory", str(spec.memory_bytes)]
         if spec.cpu is not None:
