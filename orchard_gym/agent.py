@@ -236,7 +236,8 @@ class Runner:
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
             raise BadRequest("env must map strings to strings", 422)
         timeout = _number(req, "timeout", 600, positive=True, maximum=MAX_TIMEOUT)
-        job_id = _typed(req, "job_id", str, None) or os.urandom(8).hex()
+        job_id = _typed(req, "job_id", str, None)
+        job_id = os.urandom(8).hex() if job_id is None else job_id
         if not (0 < len(job_id) <= 64 and all(c.isascii() and (c.isalnum() or c in "._-") for c in job_id)):
             raise BadRequest("job_id must be 1-64 characters of letters, digits, '.', '_', '-'", 422)
         stdin = _typed(req, "stdin", str, None)
@@ -811,7 +812,7 @@ class Handler(HTTPHandler):
         try:
             if handler is None:
                 known = {p for _, p in ROUTES}
-                if path.rstrip("/") in known:
+                if route[1] in known:
                     raise BadRequest(f"method {method} not allowed on {path}", 405)
                 raise BadRequest(f"no such route: {path}", 404)
             if route != ("GET", "/health") and not self._authorized():
