@@ -255,7 +255,10 @@ class RemoteControl(SandboxControl):
             raise AgentUnavailable(f"the stream from {self.base_url} broke: {type(e).__name__}: {e}") from e
 
     async def cancel(self, sandbox_id: str, job_id: str) -> bool:
-        data = await self._json("POST", f"/jobs/{job_id}/cancel", idempotent=True)
+        try:
+            data = await self._json("POST", f"/jobs/{quote(job_id, safe='')}/cancel", idempotent=True)
+        except JobNotFound:
+            return False  # as in-process: not running (never started, or long gone)
         return bool(data.get("cancelled"))
 
     async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict:

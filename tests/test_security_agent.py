@@ -484,3 +484,140 @@ def test_paths_outside_the_workdir_are_refused(tmp_path, agent):
     assert agent.http.get("/files", params={"path": str(agent.cwd / "inside.txt")}).content == b"fine"
     assert agent.http.get("/files", params={"path": "sub/../inside.txt"}).content == b"fine"
     assert agent.http.get("/files", params={"path": "link-in"}).content == b"fine"
+
+
+# --------------------------------------------------------------------------- through the orchestrator
+@pytest.fixture(scope="module")
+def orch(tmp_path_factory):
+    pytest.importorskip("fastapi")
+    import shutil
+
+    from service_helpers import Orchestrator, remove_all_sandboxes, short_root
+
+    root = short_root("sec")
+    o = Orchestrator(root, log_dir=tmp_path_factory.mktemp("logs"), max_wait=5)
+    yield o
+    o.stop()
+    remove_all_sandboxes(root)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def orch_box(orch):
+    with orch.http() as http:
+        sid = http.post("/sandboxes", json={}).json()["sandbox_id"]
+        assert http.get(f"/sandboxes/{sid}/wait", params={"timeout": 30}).json()["status"] == "running"
+        yield http, sid
+        http.delete(f"/sandboxes/{sid}")
+
+
+def _exec(http, sid, command, **kw):
+    resp = http.post(f"/sandboxes/{sid}/exec", json={"command": command, "wait": True, **kw}, timeout=120)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_orchestrator_streams_downloads_and_passes_the_413(orch, orch_box):
+    import base64
+
+    http, sid = orch_box
+    size = 90 * 2**20  # under the agent's default 100 MiB cap
+    assert _exec(http, sid, f"head -c {size} /dev/urandom > big.bin && truncate -s 101M huge.bin "
+                            f"&& mkfifo pipe && sha256sum big.bin")["exit_code"] == 0
+    want = _exec(http, sid, "sha256sum big.bin")["stdout"].split()[0]
+    baseline = peak = _rss_kib(orch.proc.pid)
+    raw = bytearray()
+    with http.stream("GET", f"/sandboxes/{sid}/files", params={"path": "big.bin"}, timeout=120) as resp:
+        assert resp.status_code == 200
+        for chunk in resp.iter_bytes(2**20):
+            raw += chunk
+            peak = max(peak, _rss_kib(orch.proc.pid))
+    doc = json.loads(raw)
+    data = base64.b64decode(doc["content"])
+    assert doc["size"] == size == len(data) and hashlib.sha256(data).hexdigest() == want
+    print(f"orchestrator RSS: {baseline} KiB before, peak {peak} KiB while relaying {size >> 20} MiB")
+    assert peak - baseline < 60 * 1024, (baseline, peak)  # the file (90 MiB, 120 MiB as base64) never whole
+
+    resp = http.get(f"/sandboxes/{sid}/files", params={"path": "huge.bin"})
+    assert resp.status_code == 413 and resp.json()["error"] == "FileTooLarge", resp.text
+    assert "too large" in resp.json()["detail"]
+    started = time.monotonic()
+    resp = http.get(f"/sandboxes/{sid}/files", params={"path": "pipe"}, timeout=20)
+    assert resp.status_code == 422 and "FIFO" in resp.text and time.monotonic() - started < 10
+    assert http.get(f"/sandboxes/{sid}/files", params={"path": "missing"}).status_code == 404
+
+    from orchard_gym.errors import FileTooLarge
+
+    with orch.client() as client:
+        box = client.get_sandbox(sid)
+        with pytest.raises(FileTooLarge, match="too large"):
+            box.download_content("huge.bin")
+
+
+def test_orchestrator_refuses_non_finite_numbers(orch_box):
+    http, sid = orch_box
+    for body in ('{"command": "true", "timeout_seconds": Infinity}', '{"command": "true", "timeout_seconds": NaN}',
+                 '{"command": "true", "timeout_seconds": -1}'):
+        resp = http.post(f"/sandboxes/{sid}/exec", content=body.encode(), headers={"Content-Type": "application/json"})
+        assert resp.status_code == 422, (body, resp.text)
+    resp = http.post(f"/sandboxes/{sid}/apply_patch", content=b'{"patch": "x", "timeout_seconds": Infinity}',
+                     headers={"Content-Type": "application/json"})
+    assert resp.status_code == 422
+    assert http.get("/jobs/x/wait", params={"timeout": "nan"}).status_code == 422
+    assert http.post("/sandboxes", content=b'{"cpu": Infinity}', headers={"Content-Type": "application/json"}
+                     ).status_code == 422
+
+
+def test_orchestrator_cancel_route_and_sdk(orch, orch_box):
+    http, sid = orch_box
+    resp = http.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 300", "job_id": "orch-1",
+                                                     "env": {"ORCH_MARK": "o1"}})
+    assert resp.json() == {"job_id": "orch-1", "status": "queued"}
+    assert wait_until(lambda: marked_pids("ORCH_MARK=o1"), 10)
+    dup = http.post(f"/sandboxes/{sid}/exec", json={"command": "true", "job_id": "orch-1"})
+    assert dup.status_code == 409 and "unique" in dup.text
+    assert http.post("/jobs/orch-1/cancel").json() == {"job_id": "orch-1", "cancelled": True}
+    job = http.get("/jobs/orch-1/wait", params={"timeout": 5}).json()
+    assert job["status"] == "failed" and job["error"] == "cancelled" and job["exit_code"] == -9
+    assert wait_until(lambda: not marked_pids("ORCH_MARK=o1"), 3)
+    assert http.post("/jobs/orch-1/cancel").json()["cancelled"] is False  # done already
+    assert http.post("/jobs/nope/cancel").status_code == 404
+    assert http.post(f"/sandboxes/{sid}/exec", json={"command": "true", "job_id": "a b"}).status_code == 422
+
+    # queued behind a running command of the same sandbox: cancelled before it starts
+    http.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 300", "job_id": "orch-2"})
+    http.post(f"/sandboxes/{sid}/exec", json={"command": "echo never > never.txt", "job_id": "orch-3"})
+    assert wait_until(lambda: http.get("/jobs/orch-2").json()["status"] == "running", 10)
+    assert http.get("/jobs/orch-3").json()["status"] == "queued"
+    assert http.post("/jobs/orch-3/cancel").json()["cancelled"] is True
+    assert http.post("/jobs/orch-2/cancel").json()["cancelled"] is True
+    job3 = http.get("/jobs/orch-3/wait", params={"timeout": 5}).json()
+    assert job3["error"] == "cancelled" and job3["exit_code"] == -9
+    assert "never.txt" not in _exec(http, sid, "ls")["stdout"]
+
+    # the SDK in remote mode
+    with orch.client() as client:
+        box = client.get_sandbox(sid)
+        out = {}
+        t = threading.Thread(target=lambda: out.update(r=box.exec("sleep 300", job_id="orch-sdk")))
+        t.start()
+        assert wait_until(lambda: box.cancel("orch-sdk"), 10)
+        t.join(15)
+        assert not t.is_alive() and out["r"].error == "cancelled" and out["r"].job_id == "orch-sdk"
+
+
+def test_orchestrator_stream_hang_up_kills_the_job(orch, orch_box):
+    http, sid = orch_box
+    with httpx.Client(base_url=orch.url, headers=orch.headers, timeout=30) as own:
+        with own.stream("POST", f"/sandboxes/{sid}/exec/stream",
+                        json={"command": "echo go; sleep 300", "env": {"OSTREAM_MARK": "os1"}}) as resp:
+            assert resp.status_code == 200
+            next(resp.iter_lines())
+            assert marked_pids("OSTREAM_MARK=os1")
+    # the client's connection is closed: the orchestrator drops its agent stream, the agent kills
+    assert wait_until(lambda: not marked_pids("OSTREAM_MARK=os1"), 10), "the job outlived its client"

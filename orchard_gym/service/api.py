@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hmac
@@ -253,13 +254,54 @@ async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> Stre
 
     async def lines():
         try:
-            async for event in events:
+            async for event in _until_disconnected(request, events):
                 yield event.model_dump_json(exclude_none=True).encode() + b"\n"
         except Exception as e:  # headers are gone: say it in-band
             _, name = status_of(e)
             yield json.dumps({"type": "error", "error": name, "detail": str(e)}).encode() + b"\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def _until_disconnected(request: Request, events):
+    """The events, until the client hangs up: then the task reading the agent's stream is
+    cancelled (which closes that connection), so the agent kills the command. Starlette
+    alone notices a hang-up only at its next write, which a silent command may never make.
+    One task reads the whole stream (its locks and timeouts belong to one task)."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=1)
+    end = object()
+
+    async def pump() -> None:
+        try:
+            async for event in events:
+                await queue.put((event, None))
+        except Exception as e:
+            await queue.put((end, e))
+            return
+        await queue.put((end, None))
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    reader, watcher = asyncio.ensure_future(pump()), asyncio.ensure_future(gone())
+    try:
+        while True:
+            item = asyncio.ensure_future(queue.get())
+            await asyncio.wait({item, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():  # hung up
+                item.cancel()
+                return
+            event, error = item.result()
+            if error is not None:
+                raise error
+            if event is end:
+                return
+            yield event
+    finally:
+        watcher.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, watcher, return_exceptions=True)
 
 
 @router.get("/jobs/{job_id}", response_model=JobResult, responses=_errors(404))
