@@ -244,7 +244,8 @@ class DockerBackend(Backend):
                     command=AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", workdir,
                                           "--max-output", str(cfg.max_output), "--token-sha256", token_sha256(token)],
                     environment={**spec.env, "ORCHARD_SANDBOX": sandbox_id},
-                    labels={**labels, self.token_label: token},  # engine-side only: not visible inside host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
+                    labels={**labels, self.token_label: token},  # engine-side only: not visible inside
+                    host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
                 )
             except derr.APIError as e:
                 if e.status_code == 409:  # lost a race for the name: the volume is the winner's
