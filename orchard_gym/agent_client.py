@@ -89,13 +89,16 @@ class AgentClient:
             raise OrchardError(f"agent answered GET /files with {resp.status} and no body")
 
         async def chunks():
+            inner = body.__aiter__()
             try:
-                async for chunk in body:
+                async for chunk in inner:
                     yield chunk
             except (AgentConnectError, AgentProtocolError) as e:
                 raise AgentUnavailable(str(e)) from e
             except TimeoutError as e:
                 raise SandboxTimeout("the agent stopped sending the file") from e
+            finally:  # stopped early: close the connection now, not when collected
+                await inner.aclose()
         return body.size, chunks()
 
     async def cancel(self, job_id: str) -> bool:
