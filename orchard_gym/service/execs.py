@@ -140,10 +140,18 @@ class ExecManager:
         job = await self.get_job(job_id)
         if job.is_complete:
             return False
-        if job.status == "queued" and job_id in self._tasks:
+        if job_id in self._tasks:  # ours: if it has not reached its agent yet, it never will
             self._cancelled.add(job_id)
-            return True
-        return await self.sandboxes.call(job.sandbox_id, "cancel", job_id)
+            if job.status == "queued":
+                return True
+        # 'running' is recorded just before the agent is called: give the agent a moment to have it
+        deadline = time.monotonic() + 2.0
+        while not await self.sandboxes.call(job.sandbox_id, "cancel", job_id):
+            job = await self.get_job(job_id)
+            if job.is_complete or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def get_job(self, job_id: str) -> JobResult:
         job = await self.store.get_job(job_id)
