@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 import uuid
@@ -22,6 +23,12 @@ def new_sandbox_id() -> str:
 
 def new_token() -> str:
     return secrets.token_urlsafe(32)
+
+
+def token_sha256(token: str) -> str:
+    """What the agent is given instead of its token (`--token-sha256`): nothing in the
+    sandbox can then reveal the token, and a digest does not authenticate."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 class Backend(ABC):

@@ -57,7 +57,7 @@ from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, Orch
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
 from . import host_guard, procs
-from .base import Backend, new_sandbox_id, new_token
+from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 
 try:
@@ -156,6 +156,7 @@ class DockerBackend(Backend):
         self.identity = owner_identity()
         self.owner = self.config.owner or self.identity
         self.guard = "off" if not self.config.host_guard else "not checked yet"
+        self.token_label = f"{p}.agent-token"  # the agent has only its SHA-256 (--token-sha256)
         self._slots = threading.BoundedSemaphore(self.config.workers)
         self._network_ok = False
         try:
@@ -308,9 +309,10 @@ class DockerBackend(Backend):
                 self.api.create_container(
                     image, name=name, hostname=sandbox_id, entrypoint=[LOADER], working_dir=workdir,
                     command=AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", workdir,
-                                          "--max-output", str(cfg.max_output)],
-                    environment={**spec.env, "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id},
-                    labels=labels, host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
+                                          "--max-output", str(cfg.max_output), "--token-sha256", token_sha256(token)],
+                    environment={**spec.env, "ORCHARD_SANDBOX": sandbox_id},
+                    labels={**labels, self.token_label: token},  # engine-side only: not visible inside
+                    host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
                 )
             except derr.APIError as e:
                 if e.status_code == 409:  # lost a race for the name: the volume is the winner's
@@ -373,7 +375,8 @@ class DockerBackend(Backend):
             base_url = f"http://127.0.0.1:{bound[0]['HostPort']}" if bound else None
         else:
             base_url = f"http://{net['IPAddress']}:{cfg.agent_port}" if net.get("IPAddress") else None
-        endpoint = AgentEndpoint(base_url=base_url, token=env.get("ORCHARD_AGENT_TOKEN", "")) if base_url else None
+        token = labels.get(self.token_label) or env.get("ORCHARD_AGENT_TOKEN", "")  # env: made by older versions
+        endpoint = AgentEndpoint(base_url=base_url, token=token) if base_url else None
         return SandboxRecord(
             sandbox_id=labels[self.sandbox_label],
             image=meta.get("image", config.get("Image")),

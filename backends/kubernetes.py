@@ -71,7 +71,7 @@ from orchard_gym.errors import (
 )
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
 
-from .base import Backend, new_sandbox_id, new_token
+from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import KubernetesBackendConfig
 from .docker import AGENT_ARGS, AGENT_DIR, LOADER, owner_gone, owner_identity
 from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of this module's API
@@ -114,6 +114,7 @@ class KubernetesBackend(Backend):
         self.role_label, self.sandbox_label, self.owner_label = f"{p}/role", f"{p}/sandbox", f"{p}/owner"
         self.spec_annotation, self.identity_annotation, self.nonce_annotation = f"{p}/spec", f"{p}/owner-identity", \
             f"{p}/nonce"
+        self.token_annotation = f"{p}/agent-token"  # token_source="env" only; the pod has its SHA-256
         self.identity = owner_identity()
         self.owner = cfg.owner or _process_owner(self.identity)
         self.counters: Counter = Counter()
@@ -242,11 +243,9 @@ class KubernetesBackend(Backend):
         env = [{"name": k, "value": v} for k, v in spec.env.items()
                if k not in ("ORCHARD_AGENT_TOKEN", "ORCHARD_SANDBOX")]
         env.append({"name": "ORCHARD_SANDBOX", "value": sandbox_id})
-        if cfg.token_source == "secret":
-            env.append({"name": "ORCHARD_AGENT_TOKEN",
-                        "valueFrom": {"secretKeyRef": {"name": name, "key": "token"}}})
-        else:
-            env.append({"name": "ORCHARD_AGENT_TOKEN", "value": token})
+        # The pod gets only the token's SHA-256 (--token-sha256); the token stays in the Secret
+        # (token_source="secret") or in an annotation (="env"), neither of which the pod sees.
+        annotations = {} if cfg.token_source == "secret" else {self.token_annotation: token}
         security = {"allowPrivilegeEscalation": False, "privileged": False,
                     "capabilities": {"drop": ["ALL"] if restricted else ["NET_RAW"]}}
         if uid is not None:
@@ -261,7 +260,7 @@ class KubernetesBackend(Backend):
             "name": TASK_CONTAINER, "image": image, "imagePullPolicy": cfg.image_pull_policy,
             "command": [LOADER],
             "args": AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", cfg.workdir,
-                                  "--max-output", str(cfg.max_output)],
+                                  "--max-output", str(cfg.max_output), "--token-sha256", token_sha256(token)],
             "workingDir": cfg.workdir,
             "env": env,
             "ports": [{"name": "agent", "containerPort": cfg.agent_port, "protocol": "TCP"}],
@@ -307,7 +306,8 @@ class KubernetesBackend(Backend):
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": self.namespace, "labels": self._labels(sandbox_id),
                          "annotations": {self.spec_annotation: json.dumps(meta, separators=(",", ":")),
-                                         self.identity_annotation: self.identity, self.nonce_annotation: nonce}},
+                                         self.identity_annotation: self.identity, self.nonce_annotation: nonce,
+                                         **annotations}},
             "spec": pod_spec,
         }
 
@@ -503,8 +503,13 @@ class KubernetesBackend(Backend):
         token = self._tokens.get(sandbox_id)
         if token is not None:
             return token
+        token = ((pod.get("metadata") or {}).get("annotations") or {}).get(self.token_annotation)
+        if token is None and self.config.token_source == "secret":
+            secret = self._api("read the token Secret", self.core.read_namespaced_secret, self._name(sandbox_id),
+                               self.namespace, ok=(404,))
+            token = _secret_token(secret) if secret else None
         container = pod["spec"]["containers"][0]
-        for e in container.get("env") or []:
+        for e in container.get("env") or [] if token is None else []:  # pods made by older versions
             if e.get("name") == "ORCHARD_AGENT_TOKEN":
                 if "value" in e:
                     token = e["value"]

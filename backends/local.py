@@ -31,7 +31,7 @@ from orchard_gym.errors import BackendError, InvalidRequest
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
 
 from . import procs
-from .base import Backend, new_sandbox_id, new_token
+from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
 
@@ -134,7 +134,7 @@ class LocalBackend(Backend):
         argv = self._argv(meta, spec, fds)
         # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8",
-               **spec.env, "ORCHARD_AGENT_TOKEN": token, "ORCHARD_SANDBOX": sandbox_id}
+               **spec.env, "ORCHARD_SANDBOX": sandbox_id}
         with open(home / "agent.log", "wb") as logf:
             try:
                 proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
@@ -185,7 +185,7 @@ class LocalBackend(Backend):
         python, prefix = _python()
         agent_py = os.path.realpath(agent_module.__file__)
         agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
-                 "--max-output", str(self.config.max_output)]
+                 "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
         if cgroup_fds:
             job_dir = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir)
             dirs = [str(d) for d in SandboxCgroup.from_meta(meta["cgroup"]).unique_dirs]

@@ -13,9 +13,15 @@ TCP port or a unix socket:
     GET  /files?path=P                download raw bytes
     GET  /files/list?path=P           list a directory
     POST /patch                       apply a unified diff with git (or patch)
+    GET  /jobs                        the running jobs' ids
+    POST /jobs/ID/cancel              kill a running job (its /exec answers cancelled)
 
-Every route but /health needs `Authorization: Bearer <token>`. Bad requests get a
-4xx JSON error; the agent never crashes on them.
+Every route but /health needs `Authorization: Bearer <token>`. The agent holds only
+the token's SHA-256 (`--token-sha256`), so nothing in the sandbox can reveal the token.
+Bad requests get a 4xx JSON error; the agent never crashes on them. A client that hangs
+up on /exec gets its job killed; slow or stalled clients are cut off (`--read-timeout`).
+File routes serve regular files only, streamed, up to `--max-file-size`, and only under
+the workdir (or a `--files-root`): see docs/backends.md, "File paths".
 
 Timeouts kill the whole process tree of a command, including descendants that
 called setsid or double-forked: each command's environment carries a unique
@@ -34,7 +40,9 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import math
 import os
+import stat
 import selectors
 import shutil
 import signal
@@ -49,10 +57,21 @@ try:  # constant-time comparison without importing hmac (and OpenSSL with it)
     from _operator import _compare_digest as compare_digest
 except ImportError:  # pragma: no cover - other interpreters
     from hmac import compare_digest
+try:  # the builtin SHA-256 (3.11: _sha256, 3.12+: _sha2): hashlib would load OpenSSL
+    from _sha256 import sha256
+except ImportError:  # pragma: no cover
+    try:
+        from _sha2 import sha256
+    except ImportError:
+        from hashlib import sha256
 
 VERSION = "0.1.0"
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024  # bytes per stream
 MAX_BODY = 512 * 1024 * 1024  # largest request body we accept
+DEFAULT_MAX_FILE = 100 * 1024 * 1024  # largest file GET /files serves
+MAX_TIMEOUT = 7 * 86400  # seconds; as the SDK's ExecRequest
+MIN_RATE = 64 * 1024  # bytes/s a client must at least move while sending or receiving a body
+CHUNK = 1 << 20  # bytes per read/write when streaming files
 JOB_MARKER = "ORCHARD_JOB"
 KILL_GRACE = 0.2  # seconds to let pipes drain after the main process exits
 
@@ -96,16 +115,19 @@ class BadRequest(Exception):
 # --------------------------------------------------------------------------- processes
 
 
-def _set_child_subreaper() -> None:
-    """Keep orphaned descendants under this process (Linux only, best effort)."""
+def _prctl_setup() -> None:
+    """Keep orphaned descendants under this process, and make it non-dumpable so that no
+    process of the sandbox without CAP_SYS_PTRACE can read our /proc/PID/environ, mem or
+    fds (commands are exec'd, which makes them dumpable again). Linux only, best effort."""
     if not sys.platform.startswith("linux"):
         return
     try:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_CHILD_SUBREAPER = 36
+        PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 4, 36
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     except Exception:
         pass
 
@@ -311,7 +333,8 @@ class Runner:
         self.default_cwd = default_cwd
         self.max_output = max_output
         self.shell = shutil.which("bash") or shutil.which("sh") or "/bin/sh"
-        self.active: dict[str, tuple[subprocess.Popen, str]] = {}
+        self.active: dict[str, tuple[subprocess.Popen, str]] = {}  # job id -> (process, marker)
+        self.cancelled: set[str] = set()  # job ids killed by a cancel, until their answer is made
         self.lock = threading.Lock()
 
     def argv(self, command, login_shell: bool) -> list[str]:
@@ -324,7 +347,7 @@ class Runner:
         raise BadRequest("command must be a non-empty string or a list of strings")
 
     def start(self, req: dict) -> tuple[subprocess.Popen, str, float]:
-        _only_keys(req, {"command", "cwd", "env", "timeout", "stdin", "login_shell", "max_output"})
+        _only_keys(req, {"command", "cwd", "env", "timeout", "stdin", "login_shell", "max_output", "job_id"})
         if "command" not in req:
             raise BadRequest("missing field: command", 422)
         argv = self.argv(req["command"], bool(_typed(req, "login_shell", bool, False)))
@@ -332,15 +355,30 @@ class Runner:
         extra_env = _typed(req, "env", dict, None) or {}
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in extra_env.items()):
             raise BadRequest("env must map strings to strings", 422)
-        timeout = _typed(req, "timeout", (int, float), 600)
-        if timeout <= 0:
-            raise BadRequest("timeout must be positive", 422)
+        timeout = _number(req, "timeout", 600, positive=True, maximum=MAX_TIMEOUT)
+        job_id = _typed(req, "job_id", str, None)
+        job_id = os.urandom(8).hex() if job_id is None else job_id
+        if not (0 < len(job_id) <= 64 and all(c.isascii() and (c.isalnum() or c in "._-") for c in job_id)):
+            raise BadRequest("job_id must be 1-64 characters of letters, digits, '.', '_', '-'", 422)
         stdin = _typed(req, "stdin", str, None)
         if not os.path.isdir(cwd):
             raise BadRequest(f"cwd does not exist: {cwd}", 422)
+        with self.lock:
+            if job_id in self.active:
+                raise BadRequest(f"job {job_id} is already running", 409)
+            self.active[job_id] = (None, "")  # reserved: a concurrent start with this id gets the 409
+        try:
+            return self._spawn(argv, cwd, extra_env, stdin, job_id, float(timeout))
+        except BaseException:
+            with self.lock:
+                self.active.pop(job_id, None)
+            raise
+
+    def _spawn(self, argv, cwd, extra_env, stdin, job_id, timeout):
         marker = os.urandom(16).hex()
         env = dict(os.environ)
         env.pop("ORCHARD_AGENT_TOKEN", None)
+        env.pop("ORCHARD_AGENT_TOKEN_SHA256", None)
         env.update(extra_env)
         env[JOB_MARKER] = marker
         procs_fd, pass_fds, hook = None, (), None
@@ -371,18 +409,30 @@ class Runner:
                 if proc is None:  # it never started: its cgroup is empty
                     JOB_CGROUPS.release(marker)
         with self.lock:
-            self.active[marker] = (proc, marker)
+            self.active[job_id] = (proc, marker)
         if stdin is not None:
             threading.Thread(target=_feed_stdin, args=(proc, stdin.encode()), daemon=True).start()
-        return proc, marker, float(timeout)
+        return Job(job_id, proc, marker, timeout)
 
-    def stream(self, proc: subprocess.Popen, marker: str, timeout: float, max_output: int):
+    def cancel(self, job_id: str) -> bool:
+        """Kill a running job; its exec answers with cancelled=true. False: no such job."""
+        with self.lock:
+            proc, marker = self.active.get(job_id, (None, ""))
+            if proc is None:
+                return False
+            self.cancelled.add(job_id)
+        kill_job(proc, marker)
+        return True
+
+    def stream(self, job: Job, max_output: int, client: socket.socket | None = None):
         """Yield ("stdout"|"stderr", bytes) chunks, then ("exit", result dict).
 
         Waits on the pipes and on a pidfd (process exit) together, so a command's end is
         seen at once; a background child that keeps the pipes open after the command
-        exits is given KILL_GRACE to finish writing, then left alone.
+        exits is given KILL_GRACE to finish writing, then left alone. `client` is the
+        requester's connection: when it hangs up the job is killed at once.
         """
+        proc, marker, timeout = job.proc, job.marker, job.timeout
         start = time.monotonic()
         deadline = start + timeout
         sel = selectors.DefaultSelector()
@@ -392,9 +442,11 @@ class Runner:
         pidfd = _pidfd(proc.pid)
         if pidfd is not None:
             sel.register(pidfd, selectors.EVENT_READ, "exit")
+        if client is not None:
+            sel.register(client, selectors.EVENT_READ, "client")
         sizes = {"stdout": 0, "stderr": 0}
         open_pipes = 2
-        truncated = timed_out = False
+        truncated = timed_out = client_gone = False
         exited_at = None
         try:
             while True:
@@ -416,6 +468,12 @@ class Runner:
                     if key.data == "exit":
                         sel.unregister(pidfd)  # proc.poll() reaps it on the next turn
                         continue
+                    if key.data == "client":
+                        sel.unregister(client)
+                        if _hung_up(client):
+                            client_gone = True
+                            kill_job(proc, marker)  # nobody waits for the answer any more
+                        continue  # else: a pipelined next request, read after this one
                     try:
                         data = os.read(key.fileobj.fileno(), 65536)
                     except BlockingIOError:
@@ -446,7 +504,9 @@ class Runner:
                     except OSError:
                         pass
             with self.lock:
-                self.active.pop(marker, None)
+                self.active.pop(job.job_id, None)
+                cancelled = job.job_id in self.cancelled or client_gone
+                self.cancelled.discard(job.job_id)
             with _tracked_lock:
                 _tracked_pids.discard(proc.pid)
             if JOB_CGROUPS is not None:
@@ -456,14 +516,16 @@ class Runner:
             "duration": round(time.monotonic() - start, 6),
             "timed_out": timed_out,
             "truncated": truncated,
+            "cancelled": cancelled,
+            "job_id": job.job_id,
         }
 
-    def run(self, req: dict) -> dict:
-        max_output = _typed(req, "max_output", int, self.max_output)
-        proc, marker, timeout = self.start(req)
+    def run(self, req: dict, client: socket.socket | None = None) -> dict:
+        max_output = _number(req, "max_output", self.max_output, integer=True)
+        job = self.start(req)
         out = {"stdout": bytearray(), "stderr": bytearray()}
         result: dict = {}
-        for name, data in self.stream(proc, marker, timeout, max_output):
+        for name, data in self.stream(job, max_output, client):
             if name == "exit":
                 result = data
             else:
@@ -476,9 +538,29 @@ class Runner:
         with self.lock:
             jobs = list(self.active.values())
         for proc, marker in jobs:
-            kill_job(proc, marker)
+            if proc is not None:
+                kill_job(proc, marker)
         if JOB_CGROUPS is not None:  # and what finished jobs left running in the background
             JOB_CGROUPS.kill_all()
+
+
+class Job:
+    """A started command: its id (the client's, or ours), process, kill marker and timeout."""
+
+    __slots__ = ("job_id", "proc", "marker", "timeout")
+
+    def __init__(self, job_id: str, proc: subprocess.Popen, marker: str, timeout: float):
+        self.job_id, self.proc, self.marker, self.timeout = job_id, proc, marker, timeout
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """Whether the peer closed its side (readable with no data), without consuming data."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:  # reset, or shut down by the read watchdog
+        return True
 
 
 def _pidfd(pid: int) -> int | None:
@@ -522,18 +604,62 @@ def list_dir(path: str) -> dict:
     return {"path": path, "files": files}
 
 
-def write_file(path: str, data: bytes, mode: int | None) -> dict:
+def write_file(path: str, data, mode: int | None) -> dict:
+    """Write bytes, or the chunks an iterable yields, to a temp file renamed over `path` at
+    the end (atomic: a reader never sees half a file). Any failure, including a client
+    that hangs up mid-body, removes the temp file."""
     if os.path.isdir(path):
         raise BadRequest(f"is a directory: {path}", 409)
     parent = os.path.dirname(path) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = f"{path}.orchard-{os.urandom(4).hex()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    if mode is not None:
-        os.chmod(tmp, mode)
-    os.replace(tmp, path)  # atomic: a reader never sees half a file
-    return {"success": True, "path": path, "size": len(data)}
+    size = 0
+    try:
+        with open(tmp, "wb") as f:
+            for chunk in [data] if isinstance(data, (bytes, bytearray)) else data:
+                f.write(chunk)
+                size += len(chunk)
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {"success": True, "path": path, "size": size}
+
+
+def open_regular(path: str, max_size: int) -> tuple[int, int]:
+    """Open a regular file for reading: (fd, size). FIFOs, devices, sockets and directories
+    are refused before anything is opened (opening a FIFO would block, /dev/zero never ends)."""
+    st = os.stat(path)
+    if stat.S_ISDIR(st.st_mode):
+        raise BadRequest(f"is a directory: {path}", 409)
+    if not stat.S_ISREG(st.st_mode):
+        raise BadRequest(f"not a regular file ({_file_kind(st.st_mode)}): {path}; use exec to read it", 422)
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # NONBLOCK: swapped for a FIFO meanwhile
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadRequest(f"not a regular file ({_file_kind(st.st_mode)}): {path}", 422)
+        if st.st_size > max_size:
+            raise BadRequest(f"file too large: {path} has {st.st_size} bytes, the limit is {max_size} "
+                             f"(agent --max-file-size); read it in parts with exec", 413)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _file_kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def apply_patch(runner: Runner, patch: str, cwd: str | None, timeout: float) -> dict:
@@ -562,6 +688,27 @@ def apply_patch(runner: Runner, patch: str, cwd: str | None, timeout: float) -> 
 # --------------------------------------------------------------------------- http
 
 
+def _reject_constant(name: str):
+    raise BadRequest(f"non-finite numbers ({name}) are not allowed", 422)
+
+
+def _number(req: dict, key: str, default, *, positive: bool = False, integer: bool = False,
+            maximum: float | None = None):
+    """A finite, non-negative number (positive: > 0; integer: an int) from a request."""
+    value = req.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise BadRequest(f"{key} must be {'an integer' if integer else 'a number'}", 422)
+    if not math.isfinite(value):
+        raise BadRequest(f"{key} must be a finite number", 422)
+    if value < 0 or (positive and value == 0):
+        raise BadRequest(f"{key} must be {'positive' if positive else 'non-negative'}", 422)
+    if maximum is not None and value > maximum:
+        raise BadRequest(f"{key} must be at most {maximum:g}", 422)
+    return value
+
+
 def _typed(req: dict, key: str, types, default):
     value = req.get(key, default)
     if value is None or value is default:
@@ -580,17 +727,24 @@ def _only_keys(req: dict, allowed: set[str]) -> None:
 
 
 def _abs_path(path) -> str:
+    """A file route's path: relative to the workdir, and (after `..` and every symlink are
+    resolved) under the workdir or a --files-root; else 403. See docs/backends.md."""
     if not isinstance(path, str) or not path:
         raise BadRequest("path must be a non-empty string", 422)
     if "\0" in path:
         raise BadRequest("path contains a NUL byte", 422)
-    return os.path.abspath(os.path.join(Handler.runner.default_cwd, path))
+    full = os.path.abspath(os.path.join(Handler.runner.default_cwd, path))
+    real = os.path.realpath(full)
+    if not any(real == root or real.startswith(root.rstrip("/") + "/") for root in Handler.files_roots):
+        raise BadRequest(f"path {path!r} resolves to {real}, outside the sandbox's file roots "
+                         f"{Handler.files_roots} (use exec for other places)", 403)
+    return real  # opened as resolved: a symlink swapped in afterwards is not followed again
 
 
 PHRASES = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Payload Too Large",
            414: "URI Too Long", 422: "Unprocessable Entity", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 501: "Not Implemented"}
+           408: "Request Timeout", 500: "Internal Server Error", 501: "Not Implemented"}
 MAX_LINE = 65536  # bytes in a request line or a header line
 MAX_HEADERS = 100
 
@@ -600,6 +754,46 @@ class Headers(dict):
 
     def get(self, key, default=None):
         return super().get(key.lower(), default)
+
+
+class Watchdog:
+    """Shuts down connections that pass their deadline: a client dribbling its headers a
+    byte at a time (slowloris), a stalled upload, a reader that stopped reading. One
+    thread for every connection, sleeping until the nearest deadline."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._deadlines: dict[socket.socket, float] = {}
+        self._wake = math.inf  # when the thread wakes up next
+        self._thread: threading.Thread | None = None
+
+    def arm(self, sock: socket.socket, seconds: float) -> None:
+        when = time.monotonic() + seconds
+        with self._cond:
+            self._deadlines[sock] = when
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True)
+                self._thread.start()
+            elif when < self._wake:
+                self._cond.notify()
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._cond:
+            self._deadlines.pop(sock, None)
+
+    def _loop(self) -> None:
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                for sock, when in list(self._deadlines.items()):
+                    if when <= now:
+                        del self._deadlines[sock]
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)  # the blocked read or write returns
+                        except OSError:
+                            pass
+                self._wake = min(self._deadlines.values(), default=math.inf)
+                self._cond.wait(None if self._wake == math.inf else max(0.0, self._wake - now))
 
 
 class HTTPHandler(socketserver.StreamRequestHandler):
@@ -612,15 +806,34 @@ class HTTPHandler(socketserver.StreamRequestHandler):
     headers: Headers = Headers()
     close_connection = True
 
+    watchdog = Watchdog()
+    read_timeout = 60.0  # seconds for a request's head, plus MIN_RATE for its body
+    idle_timeout = 600.0  # seconds a kept-alive connection may wait for its next request
+
     def handle(self) -> None:
         self.close_connection = False
-        while not self.close_connection:
-            if not self._read_request():
-                return
-            self._dispatch(self.command)
-            self.wfile.flush()
+        try:
+            while not self.close_connection:
+                if not self._read_request():
+                    return
+                self.watchdog.disarm(self.connection)  # a command may run long: no deadline
+                self._dispatch(self.command)
+                self.wfile.flush()
+        finally:
+            self.watchdog.disarm(self.connection)
+
+    def guard(self, size: int = 0) -> None:
+        """Give the next read or write of `size` bytes a deadline."""
+        self.watchdog.arm(self.connection, self.read_timeout + size / MIN_RATE)
 
     def _read_request(self) -> bool:
+        self.watchdog.arm(self.connection, self.idle_timeout)
+        try:
+            if not self.rfile.peek(1):  # waits for the first byte of the next request
+                return False
+        except OSError:
+            return False
+        self.guard()  # from its first byte, the whole head must arrive within read_timeout
         line = self.rfile.readline(MAX_LINE + 1)
         if not line:
             return False  # the client hung up between requests
@@ -635,7 +848,9 @@ class HTTPHandler(socketserver.StreamRequestHandler):
         self.headers = Headers()
         for _ in range(MAX_HEADERS):
             header = self.rfile.readline(MAX_LINE + 1)
-            if header in (b"\r\n", b"\n", b""):
+            if not header:
+                return False  # hung up (or cut off) before the head was complete
+            if header in (b"\r\n", b"\n"):
                 break
             name, sep, value = header.decode("latin-1").partition(":")
             if len(header) > MAX_LINE or not sep or not name.strip():
@@ -667,14 +882,16 @@ class HTTPHandler(socketserver.StreamRequestHandler):
 
 class Handler(HTTPHandler):
     runner: Runner
-    token: str
+    token_sha256: bytes  # the token's digest; the token itself never reaches the sandbox
     started: float
+    files_roots: list[str] = ["/"]
+    max_file_size = DEFAULT_MAX_FILE
 
     # -- plumbing
     def _json(self, status: int, obj) -> None:
         self._send(status, json.dumps(obj).encode())
 
-    def _body(self) -> bytes:
+    def _body_length(self) -> int:
         self._body_read = True
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             raise BadRequest("chunked request bodies are not supported", 411)
@@ -684,12 +901,30 @@ class Handler(HTTPHandler):
             raise BadRequest("bad Content-Length")
         if length < 0 or length > MAX_BODY:
             raise BadRequest("request body too large", 413)
-        return self.rfile.read(length) if length else b""
+        return length
+
+    def _body_chunks(self):
+        """The body in chunks as it arrives; raises when the client hangs up before its end."""
+        left = self._body_length()
+        self.guard(left)
+        try:
+            while left:
+                chunk = self.rfile.read(min(left, CHUNK))
+                if not chunk:
+                    self.close_connection = True
+                    raise BadRequest(f"the request body ended {left} bytes short of its Content-Length")
+                left -= len(chunk)
+                yield chunk
+        finally:
+            self.watchdog.disarm(self.connection)
+
+    def _body(self) -> bytes:
+        return b"".join(self._body_chunks())
 
     def _json_body(self) -> dict:
         raw = self._body()
         try:
-            obj = json.loads(raw or b"null")
+            obj = json.loads(raw or b"null", parse_constant=_reject_constant)
         except (ValueError, UnicodeDecodeError) as e:
             raise BadRequest(f"malformed JSON: {e}")
         if not isinstance(obj, dict):
@@ -699,17 +934,20 @@ class Handler(HTTPHandler):
     def _authorized(self) -> bool:
         header = self.headers.get("Authorization", "")
         given = header[7:] if header.startswith("Bearer ") else ""
-        return compare_digest(given.encode(), self.token.encode())
+        return compare_digest(sha256(given.encode("utf-8", "surrogateescape")).digest(), self.token_sha256)
 
     def _dispatch(self, method: str) -> None:
         self._body_read = False
         path, query = parse_target(self.path)
         route = (method, path.rstrip("/") or "/")
+        parts = route[1].split("/")
+        if len(parts) == 4 and parts[1] == "jobs" and parts[3] == "cancel":  # /jobs/ID/cancel
+            route, query["job_id"] = (method, "/jobs/*/cancel"), parts[2]
         handler = ROUTES.get(route)
         try:
             if handler is None:
                 known = {p for _, p in ROUTES}
-                if path.rstrip("/") in known:
+                if route[1] in known:
                     raise BadRequest(f"method {method} not allowed on {path}", 405)
                 raise BadRequest(f"no such route: {path}", 404)
             if route != ("GET", "/health") and not self._authorized():
@@ -754,7 +992,11 @@ class Handler(HTTPHandler):
 
     def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
         head = self.send_head(status, [("Content-Type", ctype), ("Content-Length", str(len(body)))])
-        self.wfile.write(head + body)  # one write: one packet for small answers
+        self.guard(len(body))
+        try:
+            self.wfile.write(head + body)  # one write: one packet for small answers
+        finally:
+            self.watchdog.disarm(self.connection)
 
     # -- routes
     def health(self, query):
@@ -762,27 +1004,43 @@ class Handler(HTTPHandler):
                          "pid": os.getpid()})
 
     def exec_(self, query):
-        self._json(200, self.runner.run(self._json_body()))
+        self._json(200, self.runner.run(self._json_body(), client=self.connection))
 
     def exec_stream(self, query):
         req = self._json_body()
-        max_output = _typed(req, "max_output", int, self.runner.max_output)
-        proc, marker, timeout = self.runner.start(req)
-        self.wfile.write(self.send_head(200, [("Content-Type", "application/x-ndjson"),
-                                              ("Transfer-Encoding", "chunked")]))
+        max_output = _number(req, "max_output", self.runner.max_output, integer=True)
+        job = self.runner.start(req)
         try:
-            for name, data in self.runner.stream(proc, marker, timeout, max_output):
+            self._write(self.send_head(200, [("Content-Type", "application/x-ndjson"),
+                                             ("Transfer-Encoding", "chunked")]))
+            for name, data in self.runner.stream(job, max_output, self.connection):
                 if name == "exit":
                     event = dict(data, type="exit")
                 else:
                     event = {"type": name, "data": data.decode("utf-8", "replace")}
                 line = json.dumps(event).encode() + b"\n"
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            kill_job(proc, marker)  # nobody is listening any more
+                self._write(b"%x\r\n%s\r\n" % (len(line), line))
+            self._write(b"0\r\n\r\n")
+        except OSError:  # hung up, or a reader so slow the watchdog cut it off
+            kill_job(job.proc, job.marker)  # nobody is listening any more
             self.close_connection = True
+
+    def _write(self, data: bytes) -> None:
+        self.guard(len(data))
+        try:
+            self.wfile.write(data)
+            self.wfile.flush()
+        finally:
+            self.watchdog.disarm(self.connection)
+
+    def jobs(self, query):
+        with self.runner.lock:
+            running = sorted(j for j, (proc, _) in self.runner.active.items() if proc is not None)
+        self._json(200, {"jobs": running})
+
+    def cancel(self, query):
+        job_id = query["job_id"]
+        self._json(200, {"job_id": job_id, "cancelled": self.runner.cancel(job_id)})
 
     def upload_json(self, query):
         req = self._json_body()
@@ -804,16 +1062,26 @@ class Handler(HTTPHandler):
 
     def upload_raw(self, query):
         path = _abs_path(query.get("path"))
-        data = self._body()
-        self._json(200, write_file(path, data, _mode(query.get("mode"))))
+        mode = _mode(query.get("mode"))
+        self._json(200, write_file(path, self._body_chunks(), mode))  # streamed to disk
 
     def download(self, query):
-        path = _abs_path(query.get("path"))
-        if os.path.isdir(path):
-            raise BadRequest(f"is a directory: {path}", 409)
-        with open(path, "rb") as f:
-            data = f.read()
-        self._send(200, data, "application/octet-stream")
+        fd, size = open_regular(_abs_path(query.get("path")), self.max_file_size)
+        with open(fd, "rb", buffering=0) as f:
+            if size == 0:  # procfs/sysfs files say 0 and have content: read them, bounded
+                data = f.read(self.max_file_size + 1)
+                if len(data) > self.max_file_size:
+                    raise BadRequest(f"file too large: more than {self.max_file_size} bytes", 413)
+                return self._send(200, data, "application/octet-stream")
+            self._write(self.send_head(200, [("Content-Type", "application/octet-stream"),
+                                             ("Content-Length", str(size))]))
+            self.guard(size)
+            try:
+                sent = self.connection.sendfile(f, 0, size)  # kernel copy: no file in our memory
+            finally:
+                self.watchdog.disarm(self.connection)
+            if sent != size:  # the file shrank while sent: the framing is broken, hang up
+                self.close_connection = True
 
     def list_files(self, query):
         self._json(200, list_dir(_abs_path(query.get("path", "."))))
@@ -824,7 +1092,7 @@ class Handler(HTTPHandler):
         patch = req.get("patch")
         if not isinstance(patch, str):
             raise BadRequest("patch must be a string", 422)
-        timeout = _typed(req, "timeout", (int, float), 120)
+        timeout = _number(req, "timeout", 120, positive=True, maximum=MAX_TIMEOUT)
         cwd = _typed(req, "cwd", str, None)
         self._json(200, apply_patch(self.runner, patch, cwd and _abs_path(cwd), timeout))
 
@@ -850,6 +1118,8 @@ ROUTES = {
     ("GET", "/files"): Handler.download,
     ("GET", "/files/list"): Handler.list_files,
     ("POST", "/patch"): Handler.patch,
+    ("GET", "/jobs"): Handler.jobs,
+    ("POST", "/jobs/*/cancel"): Handler.cancel,
 }
 
 
@@ -928,6 +1198,8 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--socket", help="serve on this unix socket path")
     where.add_argument("--port", type=int, help="serve on this TCP port")
     p.add_argument("--host", default="0.0.0.0", help="TCP address to bind (with --port)")
+    p.add_argument("--token-sha256", metavar="HEX", help="SHA-256 of the bearer token, hex (else "
+                   "$ORCHARD_AGENT_TOKEN_SHA256): the token itself then never enters the sandbox")
     p.add_argument("--token-file", help="file holding the bearer token (else $ORCHARD_AGENT_TOKEN)")
     p.add_argument("--cwd", default=None, help="default working directory of commands")
     p.add_argument("--max-output", type=int, default=DEFAULT_MAX_OUTPUT, help="bytes kept per stream")
@@ -938,23 +1210,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup-fd", type=int, action="append", default=[],
                    help="an open cgroup directory to join at start (repeatable)")
     p.add_argument("--job-cgroup-fd", type=int, help="an open cgroup directory to make per-command cgroups in")
+    p.add_argument("--max-file-size", type=int, default=DEFAULT_MAX_FILE,
+                   help="largest file GET /files serves, bytes (past it: 413)")
+    p.add_argument("--files-root", action="append", default=[],
+                   help="a folder the file routes may reach besides --cwd (repeatable; '/' for all)")
+    p.add_argument("--read-timeout", type=float, default=HTTPHandler.read_timeout,
+                   help="seconds a request's head may take from its first byte (bodies get 64 KiB/s more)")
+    p.add_argument("--idle-timeout", type=float, default=HTTPHandler.idle_timeout,
+                   help="seconds an idle kept-alive connection is kept")
     args = p.parse_args(argv)
+    for name in ("max_output", "max_file_size", "read_timeout", "idle_timeout"):
+        value = getattr(args, name)
+        if not (math.isfinite(value) and value > 0):
+            p.error(f"--{name.replace('_', '-')} must be a positive finite number")
 
-    if args.token_file:
-        with open(args.token_file) as f:
-            token = f.read().strip()
-    else:
-        token = os.environ.get("ORCHARD_AGENT_TOKEN", "")
-    if not token:
-        p.error("a token is required: --token-file or $ORCHARD_AGENT_TOKEN")
+    digest = args.token_sha256 or os.environ.get("ORCHARD_AGENT_TOKEN_SHA256", "")
+    if digest:
+        try:
+            token_sha256 = bytes.fromhex(digest)
+        except ValueError:
+            token_sha256 = b""
+        if len(token_sha256) != 32:
+            p.error("--token-sha256 must be 64 hex digits")
+    else:  # the token itself (tests, hand-run agents): hashed, then dropped
+        if args.token_file:
+            with open(args.token_file) as f:
+                token = f.read().strip()
+        else:
+            token = os.environ.get("ORCHARD_AGENT_TOKEN", "")
+        if not token:
+            p.error("a token is required: --token-sha256, $ORCHARD_AGENT_TOKEN_SHA256, --token-file "
+                    "or $ORCHARD_AGENT_TOKEN")
+        token_sha256 = sha256(token.encode("utf-8", "surrogateescape")).digest()
     os.environ.pop("ORCHARD_AGENT_TOKEN", None)
 
     cwd = os.path.abspath(args.cwd or os.getcwd())
     threading.stack_size(512 * 1024)  # a thread per connection: keep the address space small
     runner = Runner(cwd, args.max_output)
-    Handler.runner, Handler.token, Handler.started = runner, token, time.monotonic()
+    Handler.runner, Handler.token_sha256, Handler.started = runner, token_sha256, time.monotonic()
+    Handler.files_roots = [os.path.realpath(r) for r in [cwd, *args.files_root]]
+    Handler.max_file_size, Handler.read_timeout, Handler.idle_timeout = (
+        args.max_file_size, args.read_timeout, args.idle_timeout)
     parent = os.getppid()
-    _set_child_subreaper()
+    _prctl_setup()
     _apply_limits(args.limit_memory, args.limit_cpus)
     _use_cgroups(args.cgroup_fd, args.job_cgroup_fd)
 

@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from .agent_http import AgentConnectError, AgentHTTP, AgentProtocolError, ErrorAnswer, Response
-from .errors import AgentUnavailable, AuthenticationError, InvalidRequest, OrchardError, SandboxTimeout
+from .errors import AgentUnavailable, AuthenticationError, FileTooLarge, InvalidRequest, OrchardError, SandboxTimeout
 from .models import AgentEndpoint, ExecEvent, ExecRequest, ExecResult, FileInfo, PatchResult
 from .retry import RetryPolicy, retrying
 
@@ -75,6 +75,36 @@ class AgentClient:
     async def download(self, path: str) -> bytes:
         return (await self._request("GET", "/files", params={"path": path}, timeout=300)).body
 
+    async def download_stream(self, path: str, timeout: float = 300) -> tuple[int, AsyncIterator[bytes]]:
+        """(size, chunks) of a file, read as they arrive: nothing holds the whole file.
+        The agent's refusals (413 too large, 422 not a regular file, 404) raise here."""
+        try:
+            resp, body = await self._http.request_stream("GET", "/files", params={"path": path}, timeout=timeout)
+        except TimeoutError as e:
+            raise SandboxTimeout(f"agent did not answer GET /files within {timeout:.0f}s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+        if body is None:
+            _raise_for_status(resp)
+            raise OrchardError(f"agent answered GET /files with {resp.status} and no body")
+
+        async def chunks():
+            inner = body.__aiter__()
+            try:
+                async for chunk in inner:
+                    yield chunk
+            except (AgentConnectError, AgentProtocolError) as e:
+                raise AgentUnavailable(str(e)) from e
+            except TimeoutError as e:
+                raise SandboxTimeout("the agent stopped sending the file") from e
+            finally:  # stopped early: close the connection now, not when collected
+                await inner.aclose()
+        return body.size, chunks()
+
+    async def cancel(self, job_id: str) -> bool:
+        resp = await self._request("POST", f"/jobs/{job_id}/cancel", body=b"")
+        return bool(resp.json().get("cancelled"))
+
     async def list_files(self, path: str = ".") -> list[FileInfo]:
         resp = await self._request("GET", "/files/list", params={"path": path})
         return [FileInfo.model_validate(f) for f in resp.json()["files"]]
@@ -99,6 +129,8 @@ def _raise_for_status(resp: Response) -> None:
         raise AuthenticationError(message)
     if resp.status == 404 and "no such file" in message:
         raise FileNotFoundError(message)
+    if resp.status == 413:
+        raise FileTooLarge(message)
     if resp.status < 500:
         raise InvalidRequest(f"{resp.status}: {message}")
     raise OrchardError(f"agent error {resp.status}: {message}")

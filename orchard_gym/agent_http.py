@@ -55,6 +55,37 @@ class _Conn:
         self.writer.close()
 
 
+class BodyStream:
+    """An answer body of known size, iterated in chunks; the connection goes back to the
+    pool once it is read to the end, and is closed if the reader stops early."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, http: AgentHTTP, conn: _Conn, headers: dict[str, str], size: int, timeout: float):
+        self._http, self._conn, self.headers, self.size, self._timeout = http, conn, headers, size, timeout
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        left, done = self.size, False
+        try:
+            while left:
+                async with asyncio.timeout(self._timeout):
+                    chunk = await self._conn.reader.read(min(left, self.CHUNK))
+                if not chunk:
+                    raise AgentProtocolError(f"the agent's answer ended {left} bytes early")
+                left -= len(chunk)
+                yield chunk
+            done = True
+        except ConnectionError as e:
+            if isinstance(e, AgentProtocolError):
+                raise
+            raise AgentProtocolError(f"agent connection broke: {type(e).__name__}: {e}") from e
+        finally:
+            if done:
+                self._http._release(self._conn, self.headers)
+            else:
+                self._conn.close()
+
+
 class AgentHTTP:
     """Requests to one agent, over a unix socket or TCP, reusing idle connections."""
 
@@ -153,6 +184,31 @@ class AgentHTTP:
             self._release(conn, headers)
             return Response(status, headers, data)
         raise AssertionError("unreachable")
+
+    async def request_stream(self, method: str, path: str, *, params: dict | None = None,
+                             timeout: float = 300.0) -> tuple[Response | None, BodyStream | None]:
+        """A bodiless request whose answer body is read in chunks as it arrives.
+        A 2xx: (None, BodyStream); anything else: (Response with its small body, None).
+        `timeout` bounds the head and each chunk, not the whole body."""
+        conn, _ = await self._send(method, path, params, None, "")
+        try:
+            async with asyncio.timeout(timeout):
+                status, headers = await self._read_head(conn)
+                size = int(headers.get("content-length", "0"))
+                if status >= 300:
+                    data = await conn.reader.readexactly(size) if size else b""
+                    self._release(conn, headers)
+                    return Response(status, headers, data), None
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            conn.close()
+            raise AgentProtocolError(f"agent connection broke: {type(e).__name__}: {e}") from e
+        except (asyncio.LimitOverrunError, ValueError) as e:
+            conn.close()
+            raise AgentProtocolError(f"malformed answer from the agent: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return None, BodyStream(self, conn, headers, size, timeout)
 
     async def stream_lines(self, method: str, path: str, *, body: bytes, timeout: float) -> AsyncIterator[bytes]:
         """POST and yield the lines of a chunked answer as they arrive; raises on a 4xx/5xx."""

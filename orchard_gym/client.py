@@ -68,19 +68,28 @@ class AsyncSandboxInstance:
 
     async def exec(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
                    env: dict[str, str] | None = None, stdin: str | None = None,
-                   login_shell: bool = False) -> JobResult:
+                   login_shell: bool = False, job_id: str | None = None) -> JobResult:
         """Run a shell string (or an argv list) and wait for it. Never raises on a
-        non-zero exit: check `result.exit_code` / `result.succeeded`."""
-        req = _exec_request(command, timeout, cwd, env, stdin, login_shell)
+        non-zero exit: check `result.exit_code` / `result.succeeded`. Give a `job_id` to
+        be able to `cancel(job_id)` it from elsewhere while it runs."""
+        req = _exec_request(command, timeout, cwd, env, stdin, login_shell, job_id)
         return await self._control.exec(self.sandbox_id, req)
 
     async def exec_stream(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
                           env: dict[str, str] | None = None, stdin: str | None = None,
-                          login_shell: bool = False) -> AsyncIterator[ExecEvent]:
-        """Run a command and yield its output as it comes; the last event has type 'exit'."""
-        req = _exec_request(command, timeout, cwd, env, stdin, login_shell)
+                          login_shell: bool = False, job_id: str | None = None) -> AsyncIterator[ExecEvent]:
+        """Run a command and yield its output as it comes; the last event has type 'exit'.
+        Stopping the iteration early (break, cancellation) kills the command."""
+        req = _exec_request(command, timeout, cwd, env, stdin, login_shell, job_id)
         async for event in self._control.exec_stream(self.sandbox_id, req):
             yield event
+
+    async def cancel(self, job_id: str) -> bool:
+        """Kill the running job `job_id` (as given to exec/exec_stream); its exec then
+        returns with `error == "cancelled"` (stream: an exit event with cancelled=True).
+        False when no such job runs (finished already, or never started)."""
+        _validated(ExecRequest, command="x", job_id=job_id)  # the same id rules as exec
+        return await self._control.cancel(self.sandbox_id, job_id)
 
     async def apply_patch(self, patch: str, timeout: float = 120, cwd: str | None = None) -> PatchResult:
         if not isinstance(patch, str):
@@ -267,9 +276,9 @@ class AsyncSandboxClient:
         self._owned.clear()
 
 
-def _exec_request(command, timeout, cwd, env, stdin, login_shell) -> ExecRequest:
+def _exec_request(command, timeout, cwd, env, stdin, login_shell, job_id=None) -> ExecRequest:
     return _validated(ExecRequest, command=command, timeout=timeout, cwd=cwd, env=env, stdin=stdin,
-                      login_shell=login_shell)
+                      login_shell=login_shell, job_id=job_id)
 
 
 def _validated(model, **fields):
@@ -301,17 +310,25 @@ class SandboxInstance:
     def __repr__(self) -> str:
         return f"<SandboxInstance {self.sandbox_id} {self.status}>"
 
-    def exec(self, command, timeout: float = 600, cwd=None, env=None, stdin=None, login_shell=False) -> JobResult:
-        return self._run(self._inner.exec(command, timeout, cwd, env, stdin, login_shell))
+    def exec(self, command, timeout: float = 600, cwd=None, env=None, stdin=None, login_shell=False,
+             job_id=None) -> JobResult:
+        return self._run(self._inner.exec(command, timeout, cwd, env, stdin, login_shell, job_id))
 
     def exec_stream(self, command, timeout: float = 600, cwd=None, env=None, stdin=None,
-                    login_shell=False) -> Iterator[ExecEvent]:
-        agen = self._inner.exec_stream(command, timeout, cwd, env, stdin, login_shell)
-        while True:
-            try:
-                yield self._run(agen.__anext__())
-            except StopAsyncIteration:
-                return
+                    login_shell=False, job_id=None) -> Iterator[ExecEvent]:
+        agen = self._inner.exec_stream(command, timeout, cwd, env, stdin, login_shell, job_id)
+        try:
+            while True:
+                try:
+                    yield self._run(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:  # stopped early: close the stream (that kills the command)
+            self._run(agen.aclose())
+
+    def cancel(self, job_id: str) -> bool:
+        """Kill a running job; call it from another thread than the one in exec()."""
+        return self._run(self._inner.cancel(job_id))
 
     def apply_patch(self, patch: str, timeout: float = 120, cwd=None) -> PatchResult:
         return self._run(self._inner.apply_patch(patch, timeout, cwd))

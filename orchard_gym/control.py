@@ -57,6 +57,10 @@ class SandboxControl(ABC):
     async def resources(self, sandbox_id: str) -> dict:
         raise NotImplementedError
 
+    async def cancel(self, sandbox_id: str, job_id: str) -> bool:
+        """Kill a running job; False when no job of that id runs."""
+        raise NotImplementedError
+
     async def aclose(self) -> None:
         pass
 
@@ -64,7 +68,7 @@ class SandboxControl(ABC):
 def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -> JobResult:
     now = time.time()
     return JobResult(
-        job_id=uuid.uuid4().hex,
+        job_id=req.job_id or uuid.uuid4().hex,
         sandbox_id=sandbox_id,
         command=req.command,
         status="succeeded" if result.exit_code == 0 else "failed",
@@ -74,7 +78,7 @@ def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -
         created_at=started,
         started_at=started,
         completed_at=now,
-        error="timed out" if result.timed_out else None,
+        error="timed out" if result.timed_out else ("cancelled" if getattr(result, "cancelled", False) else None),
         duration=result.duration,
         timed_out=result.timed_out,
         truncated=result.truncated,
@@ -183,6 +187,9 @@ class InProcessControl(SandboxControl):
         except AgentUnavailable as e:
             await self._raise_if_dead(sandbox_id, e)
             raise
+
+    async def cancel(self, sandbox_id: str, job_id: str) -> bool:
+        return await self._call(sandbox_id, "cancel", job_id)
 
     async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict:
         return await self._call(sandbox_id, "upload", path, data, mode)

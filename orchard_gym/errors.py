@@ -11,6 +11,10 @@ class InvalidRequest(OrchardError, ValueError):
     """The request was malformed or named something impossible (a 4xx, never retried)."""
 
 
+class FileTooLarge(InvalidRequest):
+    """A file is bigger than the agent serves (`--max-file-size`; a 413)."""
+
+
 class AuthenticationError(OrchardError):
     """Missing or wrong API key or sandbox token."""
 

@@ -42,9 +42,9 @@ class SandboxSpec(BaseModel):
     image: str | None = Field(None, description="task image; on the local backend None or 'host'")
     block_network: bool = True
     sandbox_id: str | None = Field(None, description="DNS-label id; generated when absent")
-    cpu: float | None = Field(None, gt=0, le=1024)
+    cpu: float | None = Field(None, gt=0, le=1024, allow_inf_nan=False)
     memory: int | str | None = Field(None, description="bytes, or '512m', '2Gi'")
-    timeout: float | None = Field(None, gt=0, le=86400, description="seconds to wait for ready")
+    timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False, description="seconds to wait for ready")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
     labels: dict[str, str] = Field(default_factory=dict)
 
@@ -116,6 +116,10 @@ def _non_empty_command(v: str | list[str]) -> str | list[str]:
 
 # a shell string or an argv list, never empty (the SDK's and the orchestrator's bodies)
 Command = Annotated[str | list[str], AfterValidator(_non_empty_command)]
+# a finite, positive number of seconds (Infinity/NaN/negative: a clear validation error)
+Seconds = Annotated[float, Field(gt=0, le=7 * 86400, allow_inf_nan=False)]
+# a job id the caller picks, so that it can cancel the job while it runs
+JobId = Annotated[str, Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")]
 
 
 class ExecRequest(BaseModel):
@@ -126,9 +130,10 @@ class ExecRequest(BaseModel):
     command: Command
     cwd: str | None = None
     env: dict[str, str] | None = None
-    timeout: float = Field(600, gt=0, le=7 * 86400)
+    timeout: Seconds = 600
     stdin: str | None = None
     login_shell: bool = False
+    job_id: JobId | None = None
 
 
 class ExecResult(BaseModel):
@@ -140,6 +145,8 @@ class ExecResult(BaseModel):
     duration: float = 0.0
     timed_out: bool = False
     truncated: bool = False
+    cancelled: bool = False
+    job_id: str | None = None
 
 
 class JobResult(BaseModel):
@@ -200,3 +207,5 @@ class ExecEvent(BaseModel):
     duration: float | None = None
     timed_out: bool = False
     truncated: bool = False
+    cancelled: bool = False
+    job_id: str | None = None

@@ -24,6 +24,7 @@ from .errors import (
     AgentUnavailable,
     AuthenticationError,
     BackendError,
+    FileTooLarge,
     ImageNotFound,
     InvalidRequest,
     JobNotFound,
@@ -39,13 +40,14 @@ from .retry import RetryPolicy, retrying
 # what the server's `error` field names -> the exception to raise
 _BY_NAME: dict[str, type[BaseException]] = {
     cls.__name__: cls
-    for cls in (AgentUnavailable, AuthenticationError, BackendError, ImageNotFound, InvalidRequest, JobNotFound,
+    for cls in (AgentUnavailable, AuthenticationError, BackendError, FileTooLarge, ImageNotFound, InvalidRequest,
+                JobNotFound,
                 SandboxFailed, SandboxNotFound, SandboxTimeout, ServiceUnavailable, OrchardError)
 }
 _BY_NAME["FileNotFoundError"] = FileNotFoundError
 _BY_STATUS: dict[int, type[BaseException]] = {
     401: AuthenticationError, 403: AuthenticationError, 404: SandboxNotFound, 408: SandboxTimeout,
-    409: InvalidRequest, 422: InvalidRequest, 503: ServiceUnavailable,
+    409: InvalidRequest, 413: FileTooLarge, 422: InvalidRequest, 503: ServiceUnavailable,
 }
 SLACK = 30.0  # beyond a server-side wait, for the answer to travel
 POOLS = 8
@@ -209,7 +211,7 @@ class RemoteControl(SandboxControl):
     def _exec_body(req: ExecRequest, wait: bool) -> dict:
         body = {"command": req.command, "timeout_seconds": req.timeout, "login_shell": req.login_shell,
                 "wait": wait}
-        for key in ("cwd", "env", "stdin"):
+        for key in ("cwd", "env", "stdin", "job_id"):
             if getattr(req, key) is not None:
                 body[key] = getattr(req, key)
         return body
@@ -254,6 +256,13 @@ class RemoteControl(SandboxControl):
             raise SandboxTimeout("the orchestrator's stream timed out") from e
         except httpx.TransportError as e:
             raise AgentUnavailable(f"the stream from {self.base_url} broke: {type(e).__name__}: {e}") from e
+
+    async def cancel(self, sandbox_id: str, job_id: str) -> bool:
+        try:
+            data = await self._json("POST", f"/jobs/{quote(job_id, safe='')}/cancel", idempotent=True)
+        except JobNotFound:
+            return False  # as in-process: not running (never started, or long gone)
+        return bool(data.get("cancelled"))
 
     async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict:
         body = {"path": path, "content": base64.b64encode(data).decode()}

@@ -96,7 +96,8 @@ class Orchestrator:
         self.start()
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_")}
+        # keep a private injector image (PREAMBLE: one per branch) for docker/kubernetes backends
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ORCHARD_") or k == "ORCHARD_INJECTOR_IMAGE"}
         env["ORCHARD_API_KEYS"] = self.api_key or ""
         local = self.settings.get("backend", "local") == "local"  # only the local backend has a root
         config = {**({"root": str(self.root)} if local else {}), **self.backend_config}

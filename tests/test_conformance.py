@@ -9,6 +9,7 @@ from __future__ import annotations
 import http.server
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -286,3 +287,82 @@ async def test_async_client_runs_many_sandboxes_concurrently(backend_case):
         with pytest.raises(SandboxNotFound):
             await client.get_sandbox(boxes[0].sandbox_id)
         assert await client.cleanup_all() == 3
+
+
+# --------------------------------------------------------------------------- the token, from inside
+# The needle comes on stdin (so no process holds it in its environ; only the short-lived
+# greps in their argv). NULs become newlines first: busybox grep stops a line at a NUL.
+SEARCH = """read -r n
+for f in /proc/[0-9]*/environ /proc/[0-9]*/cmdline; do
+  tr '\\0' '\\n' < "$f" 2>/dev/null | grep -q -F -e "$n" && echo "$f"
+done
+[ $# -gt 0 ] && grep -r -l -F -s -e "$n" "$@"
+exit 0"""
+
+
+def _search(sandbox, needle: str, places: list[str]) -> list[str]:
+    r = sandbox.exec(["sh", "-c", SEARCH, "sh", *places], stdin=needle + "\n", timeout=120)
+    return sorted(set(r.stdout.split()))
+
+
+def test_agent_token_is_not_readable_inside_the_sandbox(sandbox, backend_case):
+    """Every /proc/*/environ and cmdline, the work and run folders, /tmp and the agent bundle
+    are searched from inside for the token; the same search finds a planted string in each
+    kind of place (the positive control)."""
+    if backend_case.get("remote"):
+        pytest.skip("remote mode: the SDK never holds the token to search for (local-bwrap is the same sandbox)")
+    token = sandbox.record.endpoint.token
+    assert len(token) >= 32
+    workdir = sandbox.exec("pwd").stdout.strip()
+    # local-plain has no filesystem of its own: its /tmp is the host's, where the backend keeps
+    # meta.json (with the token) beside the workdir; see docs/backends.md
+    places = [workdir] + ([] if backend_case["config"].get("isolation") == "none" else ["/tmp"])
+    uds = sandbox.record.endpoint.uds
+    if uds:  # local: the run folder with the agent's socket, and the agent's code
+        import os
+
+        from orchard_gym import agent as agent_module
+
+        places += [os.path.dirname(uds), os.path.realpath(agent_module.__file__)]
+    else:
+        places.append("/opt/orchard-agent")
+    plant = "planted-" + uuid.uuid4().hex
+    sandbox.upload_content(f"x {plant} y\n", "planted.txt")
+    sandbox.exec(f"(PLANT_ENV={plant} sleep 300 &) ; (sh -c 'sleep 300; true' {plant} &)")
+    hits = _search(sandbox, plant, places)
+    assert any(h.endswith("/environ") for h in hits), hits
+    assert any(h.endswith("/cmdline") for h in hits), hits
+    assert f"{workdir}/planted.txt" in hits, hits
+    assert _search(sandbox, token, places) == []
+    # where the host can look: the agent process's own environ and cmdline hold no token
+    pid = str((sandbox.record.details or {}).get("pid") or "").split(":")[0]
+    if uds and pid.isdigit():
+        for name in ("environ", "cmdline"):
+            with open(f"/proc/{pid}/{name}", "rb") as f:
+                assert token.encode() not in f.read()
+
+
+# --------------------------------------------------------------------------- file paths (docs/backends.md)
+def test_file_routes_stay_in_the_workdir(sandbox):
+    """Paths resolve against the workdir; after `..` and symlinks are resolved they must lie
+    under it, else a clear refusal (the policy in docs/backends.md, "File paths")."""
+    workdir = sandbox.exec("pwd").stdout.strip()
+    sandbox.upload_content(b"inside", "sub/in.txt")
+    assert sandbox.download_content(f"{workdir}/sub/in.txt") == b"inside"  # absolute, inside
+    assert sandbox.download_content("sub/../sub/in.txt") == b"inside"  # .. that stays inside
+    assert sandbox.exec("ln -s /etc link-out && ln -s sub/in.txt link-in && ln -s / root-link").exit_code == 0
+    assert sandbox.download_content("link-in") == b"inside"  # a symlink that stays inside
+    depth = "../" * (workdir.count("/") + 2)
+    for path in (f"{depth}etc/passwd", "/etc/passwd", "link-out/passwd", "root-link/etc/passwd", ".."):
+        with pytest.raises(InvalidRequest, match="outside"):
+            sandbox.download_content(path)
+        with pytest.raises(InvalidRequest, match="outside"):
+            sandbox.upload_content(b"evil", path if path != ".." else "../evil")
+        with pytest.raises(InvalidRequest, match="outside"):
+            sandbox.list_files(path)
+    with pytest.raises(InvalidRequest, match="outside"):
+        sandbox.upload_content(b"evil", "link-out/evil-orchard")
+    assert sandbox.exec("test -e /etc/evil-orchard").exit_code != 0  # nothing was written
+    with pytest.raises(InvalidRequest, match="outside"):
+        sandbox.apply_patch("--- a/x\n+++ b/x\n", cwd="/etc")
+    assert {f.name for f in sandbox.list_files(".")} >= {"sub", "link-in", "link-out"}

@@ -7,6 +7,7 @@ retries of 429/5xx, the concurrency limit, pods deleted or evicted behind our ba
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 import uuid
 
@@ -136,11 +137,14 @@ def test_the_objects_we_build_match_the_kubernetes_schema(instant):
                                                "readOnly": True}
             assert main["startupProbe"]["httpGet"]["path"] == "/health"
             assert main["securityContext"]["allowPrivilegeEscalation"] is False
-            token_env = next(e for e in main["env"] if e["name"] == "ORCHARD_AGENT_TOKEN")
+            # the pod gets the token's SHA-256 only; the token stays in the Secret or an annotation
+            assert not any(e["name"].startswith("ORCHARD_AGENT_TOKEN") for e in main["env"])
+            assert "token" not in main["args"] and hashlib.sha256(b"token").hexdigest() in main["args"]
+            annotations = pod["metadata"]["annotations"]
             if backend.config.token_source == "secret":
-                assert "value" not in token_env and token_env["valueFrom"]["secretKeyRef"]["name"] == "orchard-gym-sb-1"
+                assert "orchard-gym/agent-token" not in annotations
             else:
-                assert token_env["value"] == "token"
+                assert annotations["orchard-gym/agent-token"] == "token"
             if backend.config.security == "restricted":
                 assert main["securityContext"]["capabilities"]["drop"] == ["ALL"]
                 assert main["securityContext"]["runAsNonRoot"] is True

@@ -63,3 +63,40 @@ def test_defaults_to_the_local_backend(local_root, monkeypatch):
 def test_bad_client_arguments_are_refused(kwargs):
     with pytest.raises(InvalidRequest):
         AsyncSandboxClient(cleanup_at_exit=False, **kwargs)
+
+
+async def test_download_stream_chunks_and_early_stop_do_not_poison_the_pool(agent):
+    (agent.cwd / "blob").write_bytes(os.urandom(3 * 2**20 + 5))
+    client = AgentClient(AgentEndpoint(uds=agent.socket, token=agent.token))
+    try:
+        size, chunks = await client.download_stream("blob")
+        got = b"".join([c async for c in chunks])
+        assert size == len(got) == 3 * 2**20 + 5 and got == (agent.cwd / "blob").read_bytes()
+        size, chunks = await client.download_stream("blob")
+        async for _ in chunks:  # stop after the first chunk: that connection must be dropped,
+            break
+        await chunks.aclose()
+        assert await client.download("blob") == got  # not reused with half a body in it
+        with pytest.raises(FileNotFoundError):
+            await client.download_stream("missing")
+        with pytest.raises(InvalidRequest, match="outside"):
+            await client.download_stream("/etc/hostname")
+    finally:
+        await client.aclose()
+
+
+async def test_agent_client_cancel(agent):
+    client = AgentClient(AgentEndpoint(uds=agent.socket, token=agent.token))
+    try:
+        from orchard_gym.models import ExecRequest
+
+        task = asyncio.create_task(client.exec(ExecRequest(command="sleep 300", job_id="sdk-c1")))
+        deadline = time.monotonic() + 10
+        while not await client.cancel("sdk-c1"):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        result = await asyncio.wait_for(task, 10)
+        assert result.cancelled and result.exit_code == -9 and result.job_id == "sdk-c1"
+        assert await client.cancel("sdk-c1") is False
+    finally:
+        await client.aclose()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -14,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
 from orchard_gym.errors import InvalidRequest, SandboxNotFound, SandboxTimeout
-from orchard_gym.models import Command, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from orchard_gym.models import (Command, ExecRequest, FileInfo, JobId, JobResult, PatchResult, SandboxRecord,
+                                SandboxSpec, Seconds)
 
 from .auth import caller_of, check_labels, check_scope, public_record
 from .errors import status_of
@@ -29,23 +31,24 @@ class ExecBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     command: Command = Field(..., description="a shell string (bash -c) or an argv list")
-    timeout_seconds: float = Field(600, gt=0, le=MAX_TIMEOUT)
+    timeout_seconds: Seconds = 600
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
     login_shell: bool = False
     wait: bool = Field(False, description="answer with the finished job instead of {job_id, status}")
+    job_id: JobId | None = Field(None, description="the job's id (unique), to cancel it while it runs")
 
     def request(self) -> ExecRequest:
         return ExecRequest(command=self.command, cwd=self.cwd, env=self.env, timeout=self.timeout_seconds,
-                           stdin=self.stdin, login_shell=self.login_shell)
+                           stdin=self.stdin, login_shell=self.login_shell, job_id=self.job_id)
 
 
 class PatchBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     patch: str
-    timeout_seconds: float = Field(120, gt=0, le=MAX_TIMEOUT)
+    timeout_seconds: Seconds = 120
     cwd: str | None = None
 
 
@@ -73,6 +76,11 @@ class Deleted(BaseModel):
 class Queued(BaseModel):
     job_id: str
     status: str = "queued"
+
+
+class Cancelled(BaseModel):
+    job_id: str
+    cancelled: bool = Field(..., description="false: the job was not running (finished, or unknown to its sandbox)")
 
 
 class UploadOut(BaseModel):
@@ -115,7 +123,8 @@ def _wait_for(request: Request, timeout: float) -> float:
     return min(timeout, request.app.state.settings.max_wait)
 
 
-Timeout = Annotated[float, Query(ge=0, le=86400, description="seconds to wait (capped by the server's max_wait)")]
+Timeout = Annotated[float, Query(ge=0, le=86400, allow_inf_nan=False,
+                                  description="seconds to wait (capped by the server's max_wait)")]
 
 # --------------------------------------------------------------------------- routes
 public = APIRouter()
@@ -243,13 +252,54 @@ async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> Stre
 
     async def lines():
         try:
-            async for event in events:
+            async for event in _until_disconnected(request, events):
                 yield event.model_dump_json(exclude_none=True).encode() + b"\n"
         except Exception as e:  # headers are gone: say it in-band
             _, name = status_of(e)
             yield json.dumps({"type": "error", "error": name, "detail": str(e)}).encode() + b"\n"
 
     return StreamingResponse(lines(), media_type="application/x-ndjson")
+
+
+async def _until_disconnected(request: Request, events):
+    """The events, until the client hangs up: then the task reading the agent's stream is
+    cancelled (which closes that connection), so the agent kills the command. Starlette
+    alone notices a hang-up only at its next write, which a silent command may never make.
+    One task reads the whole stream (its locks and timeouts belong to one task)."""
+    queue: asyncio.Queue = asyncio.Queue(maxsize=1)
+    end = object()
+
+    async def pump() -> None:
+        try:
+            async for event in events:
+                await queue.put((event, None))
+        except Exception as e:
+            await queue.put((end, e))
+            return
+        await queue.put((end, None))
+
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    reader, watcher = asyncio.ensure_future(pump()), asyncio.ensure_future(gone())
+    try:
+        while True:
+            item = asyncio.ensure_future(queue.get())
+            await asyncio.wait({item, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            if not item.done():  # hung up
+                item.cancel()
+                return
+            event, error = item.result()
+            if error is not None:
+                raise error
+            if event is end:
+                return
+            yield event
+    finally:
+        watcher.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, watcher, return_exceptions=True)
 
 
 @router.get("/jobs/{job_id}", response_model=JobResult, responses=_errors(404))
@@ -261,6 +311,12 @@ async def get_job(request: Request, job_id: str) -> JobResult:
             responses=_errors(404, 408))
 async def wait_job(request: Request, job_id: str, timeout: Timeout = 30.0) -> JobResult:
     return (await _svc(request).execs.wait_job(job_id, _wait_for(request, timeout))).public()
+
+
+@router.post("/jobs/{job_id}/cancel", summary="kill a running job", response_model=Cancelled,
+             responses=_errors(404, 502))
+async def cancel_job(request: Request, job_id: str) -> dict:
+    return {"job_id": job_id, "cancelled": await _svc(request).execs.cancel(job_id)}
 
 
 @router.post("/sandboxes/{sandbox_id}/apply_patch", response_model=PatchResult,
@@ -284,11 +340,23 @@ async def upload(request: Request, sandbox_id: str, body: UploadBody) -> dict:
 
 @router.get("/sandboxes/{sandbox_id}/files", summary="download a file", response_model=DownloadOut,
             responses=_errors(404, 409, 422, 502))
-async def download(request: Request, sandbox_id: str, path: Annotated[str, Query(min_length=1)]) -> dict:
+async def download(request: Request, sandbox_id: str, path: Annotated[str, Query(min_length=1)]) -> Response:
     svc = _svc(request)
     await svc.sandboxes.use(sandbox_id)
-    data = await svc.sandboxes.call(sandbox_id, "download", path)
-    return {"path": path, "content": base64.b64encode(data).decode(), "size": len(data)}
+    # the agent's refusals (404, 413 too large, 422 not a regular file) surface here, before any byte
+    size, chunks = await svc.sandboxes.call(sandbox_id, "download_stream", path)
+
+    async def body():  # the same JSON as ever, made as the file arrives: nothing holds it whole
+        yield b'{"path": ' + json.dumps(path).encode() + b', "size": %d, "content": "' % size
+        rest = b""
+        async for chunk in chunks:
+            chunk = rest + chunk
+            cut = len(chunk) - len(chunk) % 3  # base64 of whole 3-byte groups joins up cleanly
+            rest = chunk[cut:]
+            yield base64.b64encode(chunk[:cut])
+        yield base64.b64encode(rest) + b'"}'
+
+    return StreamingResponse(body(), media_type="application/json")
 
 
 @router.get("/sandboxes/{sandbox_id}/files/list", summary="list a directory", response_model=ListOut,

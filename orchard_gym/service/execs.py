@@ -17,10 +17,10 @@ from contextlib import asynccontextmanager
 
 from orchard_gym.control import job_from_result
 from orchard_gym.errors import JobNotFound, SandboxTimeout, ServiceUnavailable
-from orchard_gym.models import ExecEvent, ExecRequest, PatchResult
+from orchard_gym.models import ExecEvent, ExecRequest, ExecResult, JobResult, PatchResult
 
 from .auth import OWNER_LABEL
-from .errors import job_error
+from .errors import Conflict, job_error
 from .sandboxes import SandboxManager
 from .settings import ServiceSettings
 from .store import Job, Store
@@ -38,6 +38,7 @@ class ExecManager:
         self.waiting = 0  # admitted, not yet running
         self.running = 0
         self._tasks: dict[str, asyncio.Task] = {}
+        self._cancelled: set[str] = set()  # queued jobs cancelled before they started
 
     # ------------------------------------------------------------------ admission
     def _admit(self) -> None:
@@ -84,9 +85,14 @@ class ExecManager:
         self._admit()
         self.waiting += 1
         now = time.time()
-        job = Job(job_id=uuid.uuid4().hex, sandbox_id=sandbox_id, command=req.command, status="queued",
+        job_id = req.job_id or uuid.uuid4().hex
+        # the agent runs it under the same id, so that a cancel (from any replica) finds it
+        req = req.model_copy(update={"job_id": job_id})
+        job = Job(job_id=job_id, sandbox_id=sandbox_id, command=req.command, status="queued",
                   created_at=now, key_owner=key_owner)
         try:
+            if req.job_id in self._tasks or await self.store.get_job(job_id) is not None:
+                raise Conflict(f"job {job_id} exists already: job ids must be unique")
             await self.store.put_job(job, self.replica, self.settings.job_ttl)
         except BaseException:
             self.waiting -= 1
@@ -111,14 +117,18 @@ class ExecManager:
         try:
             async with self._turn(sandbox_id):
                 job.status, job.started_at = "running", time.time()
-                await self.store.put_job(job, self.replica, self.settings.job_ttl)
-                result = await self.sandboxes.call(sandbox_id, "exec", req)
+                if job.job_id in self._cancelled:  # as if killed at once: a result, not an error
+                    result = ExecResult(exit_code=-9, cancelled=True, job_id=job.job_id)
+                else:
+                    await self.store.put_job(job, self.replica, self.settings.job_ttl)
+                    result = await self.sandboxes.call(sandbox_id, "exec", req)
             done = job_from_result(sandbox_id, req, result, job.started_at)
             job = Job.model_validate({**done.model_dump(), "job_id": job.job_id, "created_at": job.created_at,
                                       "key_owner": job.key_owner})
         except Exception as e:
             exc = e
             job.status, job.completed_at, job.error = "failed", time.time(), job_error(e)
+        self._cancelled.discard(job.job_id)
         if self.metrics is not None:
             self.metrics.observe_job(job)
         try:
@@ -127,6 +137,24 @@ class ExecManager:
         except Exception:
             pass  # the store is down; the local waiter still gets the result
         return job, exc
+
+    async def cancel(self, job_id: str) -> bool:
+        """Kill a job: queued here, it never starts; running, its sandbox's agent kills it."""
+        job = await self.get_job(job_id)
+        if job.is_complete:
+            return False
+        if job_id in self._tasks:  # ours: if it has not reached its agent yet, it never will
+            self._cancelled.add(job_id)
+            if job.status == "queued":
+                return True
+        # 'running' is recorded just before the agent is called: give the agent a moment to have it
+        deadline = time.monotonic() + 2.0
+        while not await self.sandboxes.call(job.sandbox_id, "cancel", job_id):
+            job = await self.get_job(job_id)
+            if job.is_complete or time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def get_job(self, job_id: str) -> Job:
         job = await self.store.get_job(job_id)
