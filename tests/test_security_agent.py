@@ -567,7 +567,8 @@ def test_orchestrator_refuses_non_finite_numbers(orch_box):
     resp = http.post(f"/sandboxes/{sid}/apply_patch", content=b'{"patch": "x", "timeout_seconds": Infinity}',
                      headers={"Content-Type": "application/json"})
     assert resp.status_code == 422
-    assert http.get("/jobs/x/wait", params={"timeout": "nan"}).status_code == 422
+    job = http.post(f"/sandboxes/{sid}/exec", json={"command": "true"}).json()["job_id"]  # a job this key may see
+    assert http.get(f"/jobs/{job}/wait", params={"timeout": "nan"}).status_code == 422
     assert http.post("/sandboxes", content=b'{"cpu": Infinity}', headers={"Content-Type": "application/json"}
                      ).status_code == 422
 
