@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from orchard_gym import agent as agent_module
 from orchard_gym._loop import run_in_thread
-from orchard_gym.errors import BackendError, InvalidRequest
+from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
 
 from . import procs
@@ -36,6 +37,12 @@ from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
 
 log = logging.getLogger(__name__)
+
+# bubblewrap binds `/` recursively, then remounts every submount read-only; a mount that
+# goes away in between (a container's overlay, a netns file of Podman's) fails the start
+# with "bwrap: Can't ... mount ...". Nothing is wrong with the sandbox: start it again.
+_MOUNT_RACE = re.compile(r"^bwrap: Can't .*mount", re.M)
+MOUNT_RACE_RETRIES = 3
 HOST_IMAGES = (None, "", "host")
 _warned_no_bwrap = False
 
@@ -63,6 +70,7 @@ class LocalBackend(Backend):
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
             raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
         self._procs: dict[str, subprocess.Popen] = {}
+        self._starting: dict[str, SandboxSpec] = {}  # created here, not ready yet: what a restart needs
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
     def _find_bwrap(self) -> str | None:
@@ -131,26 +139,58 @@ class LocalBackend(Backend):
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
+        try:
+            self._spawn(meta, spec, fds)
+        except OSError as e:
+            if cgroup:
+                cgroup.remove()
+            shutil.rmtree(home, ignore_errors=True)
+            raise BackendError(f"cannot start the agent: {e}") from e
+        self._starting[sandbox_id] = spec
+        return self._record(meta, status="pending")
+
+    def _spawn(self, meta: dict, spec: SandboxSpec, fds: list[int]) -> None:
+        """Start the sandbox's agent (closing the cgroup fds it was handed) and record its pid."""
+        work, home = meta["workdir"], Path(meta["workdir"]).parent
         argv = self._argv(meta, spec, fds)
         # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work), "LANG": "C.UTF-8",
-               **spec.env, "ORCHARD_SANDBOX": sandbox_id}
-        with open(home / "agent.log", "wb") as logf:
-            try:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "LANG": "C.UTF-8",
+               **spec.env, "ORCHARD_SANDBOX": meta["sandbox_id"]}
+        try:
+            with open(home / "agent.log", "wb") as logf:
                 proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
                                         stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
-            except OSError as e:
-                if cgroup:
-                    cgroup.remove()
-                shutil.rmtree(home, ignore_errors=True)
-                raise BackendError(f"cannot start the agent: {e}") from e
-            finally:
-                for fd in fds:
-                    os.close(fd)
-        self._procs[sandbox_id] = proc
+        finally:
+            for fd in fds:
+                os.close(fd)
+        self._procs[meta["sandbox_id"]] = proc
         meta["pid"] = procs.identity(proc.pid)
         _write_json(home / "meta.json", meta)
-        return self._record(meta, status="pending")
+
+    async def wait_ready(self, record: SandboxRecord, timeout: float) -> SandboxRecord:
+        deadline = time.monotonic() + timeout
+        try:
+            for attempt in range(MOUNT_RACE_RETRIES + 1):
+                try:
+                    return await super().wait_ready(record, max(0.5, deadline - time.monotonic()))
+                except SandboxFailed:
+                    spec = self._starting.get(record.sandbox_id)
+                    logfile = self.root / record.sandbox_id / "agent.log"
+                    if attempt == MOUNT_RACE_RETRIES or spec is None or not _lost_mount_race(logfile):
+                        raise
+                    log.warning("sandbox %s: bubblewrap lost a mount race at start; starting it again",
+                                record.sandbox_id)
+                    self._restart(record.sandbox_id, spec)
+        finally:
+            self._starting.pop(record.sandbox_id, None)
+
+    def _restart(self, sandbox_id: str, spec: SandboxSpec) -> None:
+        # in the caller's thread, as at create: --die-with-parent follows the spawning thread
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            raise SandboxFailed(f"sandbox {sandbox_id} was deleted while it started")
+        cgroup = SandboxCgroup.from_meta(meta["cgroup"]) if meta.get("cgroup") else None
+        self._spawn(meta, spec, cgroup.open_dirs() if cgroup else [])
 
     def _make_cgroup(self, sandbox_id: str, spec: SandboxSpec, home: Path) -> tuple[SandboxCgroup | None, list[int]]:
         """The sandbox's cgroup with its limits, and directory fds for the agent to join."""
@@ -375,3 +415,9 @@ def _log_tail(path: Path, size: int = 600) -> str:
         return ""
     return f"; agent log: {data}" if data else ""
 
+
+def _lost_mount_race(logfile: Path) -> bool:
+    try:
+        return bool(_MOUNT_RACE.search(logfile.read_text(errors="replace")))
+    except OSError:
+        return False

@@ -162,3 +162,37 @@ def test_sandbox_outlives_client_when_asked_and_is_adopted(local_root):
         assert box.exec("cat note").stdout == "kept\n"
         box.delete()
     assert not (local_root / "keeper").exists()
+
+
+@needs_bwrap
+def test_a_start_that_loses_bwraps_mount_race_is_started_again(local_root, tmp_path, monkeypatch):
+    """bubblewrap fails when a mount (a container's overlay) vanishes while it binds `/`; the
+    backend starts such a sandbox again instead of failing it. Other start failures still fail."""
+    import shutil
+
+    from orchard_gym.backends import local as local_backend
+
+    real = shutil.which("bwrap")
+    count, fails = tmp_path / "starts", tmp_path / "fail-starts"
+    fails.write_text("2")
+    wrapper = tmp_path / "bwrap"
+    wrapper.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo x >> {count}
+        if [ "$(wc -l < {count})" -le "$(cat {fails})" ]; then
+            echo 'bwrap: Can'"'"'t bind mount /oldroot/ on /newroot/: Unable to apply mount flags: remount "/newroot/var/lib/containers/storage/overlay/x/merged": No such file or directory' >&2
+            exit 1
+        fi
+        exec {real} "$@"
+    """))
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(local_backend.shutil, "which", lambda name: str(wrapper) if name == "bwrap" else real)
+    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "bwrap"}) as client:
+        box = client.create_sandbox()
+        assert box.exec("echo up").stdout == "up\n"
+        assert len(count.read_text().splitlines()) == 3  # two lost races, then the start that worked
+        count.write_text("")
+        fails.write_text("99")  # a race lost every time: the create fails, naming it
+        with pytest.raises(Exception, match="mount"):
+            client.create_sandbox()
+        assert len(count.read_text().splitlines()) == local_backend.MOUNT_RACE_RETRIES + 1
