@@ -57,7 +57,9 @@ def test_oracle_passes_and_doing_nothing_fails(kind, task_id, local_root):
     env = make(kind, local_root)
     try:
         obs, info = env.reset(options={"task_id": task_id})
-        assert obs == (DATA / task_id / "instruction.md").read_text()
+        instruction = (DATA / task_id / "instruction.md").read_text()
+        # on local, /app is the sandbox's working directory: the instruction says so relatively
+        assert obs == (instruction.replace("/app/", "") if kind == "local" else instruction)
         assert [t["function"]["name"] for t in info["tools"]] == ["bash", "submit"]
         _, reward, term, _, info = play_oracle(env)
         assert (reward, term, info["report"]["reward"]) == (1.0, True, 1.0)
@@ -77,9 +79,10 @@ def test_a_background_process_cannot_forge_the_reward_or_edit_the_verifier(kind,
         env.reset(options={"task_id": task_id})
         paths = env.paths(env._ctx.state["workdir"])
         logs, tests = paths["logs"], paths["tests"]
-        forger = (f"while true; do mkdir -p {logs}/verifier {tests}; echo 1 > {logs}/verifier/reward.txt; "
-                  f'printf "mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt\\n" > {tests}/test.sh; '
-                  f"done")  # no pause: it must win any race against the verifier
+        # no pause: it must win any race against the verifier; mv, so a read never sees a half-written file
+        forger = (f"while true; do mkdir -p {logs}/verifier {tests}; echo 1 > {logs}/r; mv {logs}/r {logs}/verifier/reward.txt; "
+                  f'printf "mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt\\n" > {logs}/t; '
+                  f"mv {logs}/t {tests}/test.sh; done")
         bash(env, f"setsid nohup sh -c '{forger}' > /dev/null 2>&1 < /dev/null &")
         # the forger is alive and has written its reward and its verifier before the episode ends
         assert bash(env, f"sleep 1; cat {logs}/verifier/reward.txt").strip() == "1"
@@ -107,9 +110,11 @@ def test_a_garbage_or_missing_reward_errors_the_trajectory(kind, task_id, verifi
     try:
         env.reset(options={"task_id": task_id})
         _, reward, term, trunc, info = play_oracle(env)
-        assert (reward, term, trunc) == (0.0, False, True)
-        assert info["error"].startswith("GradingFailed: ") and not env.trajectory.ok
-        assert "reward" in info["error"]
+        assert (reward, term, trunc) == (0.0, True, False)
+        assert info["report"]["error_kind"] == "grading" and "reward" in info["report"]["error"]
+        assert info["error"] == env.trajectory.error == f"grading: {info['report']['error']}"
+        assert not env.trajectory.ok
+        assert getattr(env.trajectory, "error_kind", "grading") == "grading"
     finally:
         env.close()
 

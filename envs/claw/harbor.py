@@ -12,7 +12,9 @@ PATH is one task folder or a folder of task folders. The policy acts with `bash`
 until none is left), `/logs/verifier` is emptied, `tests/` is uploaded fresh to `/tests`
 (so the policy never had the verifier to edit), `bash /tests/test.sh` runs, and the reward
 file is the reward. No reward file, or one that is not a finite number, is a grading
-failure: the trajectory is errored (`GradingFailed`, error_kind "grading"), never 0.0.
+failure, never a score: `report["error_kind"] == "grading"` with `report["error"]`, and the
+trajectory is errored (`trajectory.error` = "grading: ...", and `trajectory.error_kind`
+where the Trajectory model has it), so trainers drop it.
 
 Where the sandbox comes from:
 - container backends: the image is built from `environment/` with the docker SDK, never
@@ -21,7 +23,8 @@ Where the sandbox comes from:
 - local backend: only a Dockerfile of `FROM` plus `RUN pip install ...` lines can run
   there — a venv with those packages is built once on the host (envs/swe/venvs.py) and put
   first on PATH; the absolute Harbor paths (/tests, /solution, /logs, /app) are rewritten
-  to folders in the sandbox's working directory. The local backend needs bwrap isolation
+  to folders in the sandbox's working directory, and in the instruction `/app/x` becomes
+  the relative `x` (the working directory). The local backend needs bwrap isolation
   (its own PID namespace), so that killing the policy's processes touches nothing else.
 """
 
@@ -75,8 +78,6 @@ echo "processes left: $found" >&2; exit 1
 
 class GradingFailed(SandboxFailed):
     """The verifier gave no usable reward: the trajectory is errored, not scored."""
-
-    error_kind = "grading"
 
 
 class HarborTask(BaseModel):
@@ -196,7 +197,9 @@ class HarborEnv(SandboxEnv):
 
     def __init__(self, *, tasks: str, max_steps: int = 40, exec_timeout: float = 180.0, **kwargs: Any):
         self._tasks = load_harbor(tasks)
+        self._images: dict[str, str] = {}
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
+        self._max_seconds = self.max_seconds  # the caller's; else each task's [agent] timeout_sec
 
     def make_tools(self) -> list[Tool]:
         return [BashTool(), SubmitTool()]
@@ -225,10 +228,31 @@ class HarborEnv(SandboxEnv):
                                       f"(a PID namespace, so the policy's processes can be killed before the "
                                       f"verifier runs), or use backend={{'type': 'docker'}}")
             return None
-        base_url = getattr(self._backend(), "base_url", None)
-        if base_url is None:
-            raise gym.error.Error("Harbor tasks need a local or docker backend (the image is built with the docker SDK)")
-        return ensure_image(task, base_url)  # built once per content of environment/
+        return self._images[task.task_id]
+
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        # choose the task here so that its image is built off the event loop, before the base reset
+        gym.Env.reset(self, seed=seed)
+        task_id = self._choose_task(options)
+        task = self.get_task(task_id)
+        self.max_seconds = self._max_seconds if self._max_seconds is not None else task.agent_timeout
+        await self._get_client()
+        if not self._is_local():
+            base_url = getattr(self._backend(), "base_url", None)
+            if base_url is None:
+                raise gym.error.Error("Harbor tasks need a local or docker backend (images are built with the docker SDK)")
+            self._images[task_id] = await run_in_thread(ensure_image, task, base_url)
+        return await super().areset(options={**(options or {}), "task_id": task_id})
+
+    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        obs, reward, terminated, truncated, info = await super().astep(action)
+        report = info.get("report") or {}
+        if report.get("error_kind") and self.trajectory.error is None:
+            # a task that cannot be graded is not a failed agent: trainers drop it
+            self.trajectory.error = info["error"] = f"grading: {report['error']}"
+            if "error_kind" in type(self.trajectory).model_fields:
+                self.trajectory.error_kind = report["error_kind"]
+        return obs, reward, terminated, truncated, info
 
     def paths(self, workdir: str) -> dict[str, str]:
         """Where /tests, /solution, /logs and /app are in this sandbox."""
@@ -253,12 +277,12 @@ class HarborEnv(SandboxEnv):
         r = await sandbox.exec(f"mkdir -p {shlex.quote(logs)}/agent {shlex.quote(logs)}/verifier", timeout=60)
         if r.exit_code != 0:
             raise SandboxFailed(f"cannot make {logs} in the sandbox: {r.stderr[-500:]}")
-        if task.agent_timeout is not None and self.max_seconds is None:
-            self.max_seconds = task.agent_timeout
         return ToolContext(sandbox=sandbox, cwd=workdir, env={"PATH": path}, timeout=self.exec_timeout,
                            state={"workdir": workdir})
 
     def first_observation(self, task: HarborTask) -> str:
+        if self._is_local():  # /app is the working directory here; same text for every sandbox
+            return re.sub(r"(?<![\w./-])/app(?![\w.-])/?", "", task.instruction).replace("``", "`.`")
         return task.instruction
 
     async def upload_folder(self, sandbox: AsyncSandboxInstance, folder: Path, dest: str, workdir: str) -> None:
@@ -277,19 +301,24 @@ class HarborEnv(SandboxEnv):
     async def grade(self, ctx: ToolContext, task: HarborTask) -> tuple[float, dict]:
         sandbox, workdir = ctx.sandbox, ctx.state["workdir"]
         paths = self.paths(workdir)
-        killed = await sandbox.exec(KILL_ALL, timeout=60)
-        if killed.exit_code != 0:
-            raise GradingFailed(f"the policy's processes could not all be killed: {killed.stderr[-500:]}")
-        verifier = f"{paths['logs']}/verifier"
-        r = await sandbox.exec(f"rm -rf {shlex.quote(verifier)} && mkdir -p {shlex.quote(verifier)}", timeout=60)
-        if r.exit_code != 0:
-            raise GradingFailed(f"cannot empty {verifier}: {r.stderr[-500:]}")
-        await self.upload_folder(sandbox, task.root / "tests", paths["tests"], workdir)
-        run = await sandbox.exec(f"bash {shlex.quote(paths['tests'])}/test.sh", cwd=workdir, env=ctx.env,
-                                 timeout=task.verifier_timeout)
-        report = {"test_exit_code": run.exit_code, "test_timed_out": run.timed_out,
-                  "test_output": (run.stdout + run.stderr)[-4000:]}
-        reward = await self.read_reward(sandbox, verifier, report)
+        report: dict[str, Any] = {}
+        try:
+            killed = await sandbox.exec(KILL_ALL, timeout=60)
+            if killed.exit_code != 0:
+                raise GradingFailed(f"the policy's processes could not all be killed: {killed.stderr[-500:]}")
+            verifier = f"{paths['logs']}/verifier"
+            r = await sandbox.exec(f"rm -rf {shlex.quote(verifier)} && mkdir -p {shlex.quote(verifier)}", timeout=60)
+            if r.exit_code != 0:
+                raise GradingFailed(f"cannot empty {verifier}: {r.stderr[-500:]}")
+            await self.upload_folder(sandbox, task.root / "tests", paths["tests"], workdir)
+            run = await sandbox.exec(f"bash {shlex.quote(paths['tests'])}/test.sh", cwd=workdir, env=ctx.env,
+                                     timeout=task.verifier_timeout)
+            report.update(test_exit_code=run.exit_code, test_timed_out=run.timed_out,
+                          test_output=(run.stdout + run.stderr)[-4000:])
+            reward = await self.read_reward(sandbox, verifier, report)
+        except GradingFailed as e:
+            report.update(reward=0.0, error_kind="grading", error=str(e))
+            return 0.0, report
         report["reward"] = reward
         return reward, report
 
