@@ -195,3 +195,32 @@ def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
             ensure_image(load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"], default_base_url())
     finally:
         client.close()
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
+    import json
+
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--env", "Orchard/Claw-v0", "--tasks", f"harbor:{DATA}", "--task-id", "six-version",
+            "--policy", "oracle", "-k", "2", "--out", str(out)]
+    result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert result.exit_code == 0, result.output
+    assert "pass@2 100.0%; pass^2 100.0% over 1 tasks; mean task score 1.000" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [t["reward"] for t in lines] == [1.0, 1.0] and all(t["error"] is None for t in lines)
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+def test_check_env_passes(local_root):
+    from gymnasium.utils.env_checker import check_env
+
+    env = make("local", local_root, DATA / "six-version")
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()

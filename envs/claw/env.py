@@ -79,9 +79,9 @@ class ClawEnv(SandboxEnv):
     env_id = "Orchard/Claw-v0"
 
     def __new__(cls, *args: Any, tasks: Any = "builtin", **kwargs: Any):
-        if cls is ClawEnv and isinstance(tasks, str) and tasks.startswith("harbor:"):
-            from .harbor import HarborEnv  # Harbor / Terminal-Bench task folders (harbor.py)
+        from .harbor import HarborEnv, is_harbor  # Harbor / Terminal-Bench task folders (harbor.py)
 
+        if cls is ClawEnv and is_harbor(tasks):
             return HarborEnv(tasks=tasks, **kwargs)
         return super().__new__(cls)
 

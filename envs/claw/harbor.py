@@ -159,6 +159,13 @@ def load_harbor(source: str) -> dict[str, HarborTask]:
     return {task.task_id: task for task in map(load_task, folders)}
 
 
+def is_harbor(source: Any) -> bool:
+    """Whether a `tasks=` value names Harbor tasks: "harbor:PATH", or the dict load_harbor gives."""
+    if isinstance(source, str):
+        return source.startswith("harbor:")
+    return isinstance(source, dict) and bool(source) and all(isinstance(t, HarborTask) for t in source.values())
+
+
 def tar_folder(folder: Path) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -195,8 +202,9 @@ class HarborEnv(SandboxEnv):
 
     env_id = "Orchard/Claw-v0"
 
-    def __init__(self, *, tasks: str, max_steps: int = 40, exec_timeout: float = 180.0, **kwargs: Any):
-        self._tasks = load_harbor(tasks)
+    def __init__(self, *, tasks: str | dict[str, HarborTask], max_steps: int = 40, exec_timeout: float = 180.0,
+                 **kwargs: Any):
+        self._tasks = dict(tasks) if is_harbor(tasks) and isinstance(tasks, dict) else load_harbor(tasks)
         self._images: dict[str, str] = {}
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
         self._max_seconds = self.max_seconds  # the caller's; else each task's [agent] timeout_sec
@@ -223,7 +231,7 @@ class HarborEnv(SandboxEnv):
                 raise gym.error.Error(
                     f"Harbor task {task.task_id}: its environment/Dockerfile does more than FROM + RUN pip install, "
                     f"which the local backend cannot reproduce; run it with backend={{'type': 'docker'}}")
-            if getattr(self._backend().config, "isolation", None) != "bwrap":
+            if not getattr(self._backend(), "bwrap", None):  # isolation "bwrap", or "auto" with bwrap there
                 raise gym.error.Error(f"Harbor task {task.task_id}: the local backend needs isolation='bwrap' "
                                       f"(a PID namespace, so the policy's processes can be killed before the "
                                       f"verifier runs), or use backend={{'type': 'docker'}}")
