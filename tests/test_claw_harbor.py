@@ -136,6 +136,15 @@ def test_local_refuses_a_dockerfile_it_cannot_reproduce(local_root):
         plain.close()
 
 
+def test_other_backends_are_refused_clearly():
+    env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}", base_url="http://127.0.0.1:9", api_key="k").unwrapped
+    try:
+        with pytest.raises(gym.error.Error, match="the local or the docker backend, not an orchestrator"):
+            env.reset(options={"task_id": "sum-numbers"})
+    finally:
+        env.close()
+
+
 def test_pip_only_dockerfiles():
     assert pip_only("FROM python:3.12\nRUN pip install six 'attrs==23.1'\n") == ["six", "attrs==23.1"]
     assert pip_only("# c\nFROM x\nRUN python3 -m pip install --no-cache-dir \\\n  six\n") == ["six"]

@@ -246,10 +246,11 @@ class HarborEnv(SandboxEnv):
         self.max_seconds = self._max_seconds if self._max_seconds is not None else task.agent_timeout
         await self._get_client()
         if not self._is_local():
-            base_url = getattr(self._backend(), "base_url", None)
-            if base_url is None:
-                raise gym.error.Error("Harbor tasks need a local or docker backend (images are built with the docker SDK)")
-            self._images[task_id] = await run_in_thread(ensure_image, task, base_url)
+            backend = self._backend()
+            if backend is None or backend.name != "docker":
+                raise gym.error.Error(f"Harbor tasks need the local or the docker backend, not "
+                                      f"{getattr(backend, 'name', 'an orchestrator')} (images are built with the docker SDK)")
+            self._images[task_id] = await run_in_thread(ensure_image, task, backend.base_url)
         return await super().areset(options={**(options or {}), "task_id": task_id})
 
     async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
