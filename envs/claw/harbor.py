@@ -66,7 +66,8 @@ for round in 1 2 3 4 5 6 7 8 9 10; do
   for d in /proc/[0-9]*; do
     pid=${d#/proc/}
     case "$keep" in *" $pid "*) continue;; esac
-    [ -e "$d/stat" ] || continue
+    set -- $(cat "$d/stat" 2>/dev/null) || continue
+    [ "$#" -ge 3 ] && [ "$3" != Z ] || continue  # gone, or a zombie waiting for init to reap it
     found="$found $pid"
   done
   [ -z "$found" ] && exit 0
