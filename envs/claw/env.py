@@ -78,6 +78,13 @@ class ClawEnv(SandboxEnv):
 
     env_id = "Orchard/Claw-v0"
 
+    def __new__(cls, *args: Any, tasks: Any = "builtin", **kwargs: Any):
+        from .harbor import HarborEnv, is_harbor  # Harbor / Terminal-Bench task folders (harbor.py)
+
+        if cls is ClawEnv and is_harbor(tasks):
+            return HarborEnv(tasks=tasks, **kwargs)
+        return super().__new__(cls)
+
     def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,
                  judge: str | None = None, judge_api_key: str | None = None,
                  max_steps: int = 40, exec_timeout: float = 60.0, **kwargs: Any):

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+python -c 'import six; print(six.__version__)' > /app/version.txt

@@ -1,0 +1,236 @@
+"""Harbor / Terminal-Bench task folders through Orchard/Claw-v0 (envs/claw/harbor.py), end to end
+with the tasks' own verifiers: local (bwrap, a host venv) and docker (an image built from the
+task's Dockerfile)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+
+import orchard_gym  # noqa: F401
+from orchard_gym.envs.claw.harbor import HarborEnv, HarborOraclePolicy, load_harbor, pip_only
+
+from conftest import HAS_BWRAP, docker_engine
+
+DATA = Path(__file__).parent / "data" / "harbor"
+_GATEWAY, _WHY_NOT = docker_engine()
+
+
+def backends():
+    return [
+        pytest.param("local", "six-version", id="local-bwrap",
+                     marks=pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")),
+        pytest.param("docker", "sum-numbers", id="docker",
+                     marks=[pytest.mark.docker, pytest.mark.skipif(_GATEWAY is None, reason=_WHY_NOT)]),
+    ]
+
+
+def _config(kind: str, root: Path) -> dict:
+    return {"type": "local", "isolation": "bwrap", "root": str(root)} if kind == "local" else {"type": "docker"}
+
+
+def make(kind: str, root: Path, tasks: Path | str = DATA) -> HarborEnv:
+    env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{tasks}", backend=_config(kind, root)).unwrapped
+    assert isinstance(env, HarborEnv)
+    return env
+
+
+def play_oracle(env: HarborEnv):
+    action = asyncio.run(HarborOraclePolicy().bind(env)([], []))
+    obs, reward, term, trunc, info = env.step(action)
+    assert info["exit_code"] == 0, obs
+    return env.step({"name": "submit", "arguments": {}})
+
+
+def bash(env: HarborEnv, command: str) -> str:
+    obs, _, _, _, info = env.step({"name": "bash", "arguments": {"command": command}})
+    assert info["exit_code"] == 0, obs
+    return obs
+
+
+@pytest.mark.parametrize("kind,task_id", backends())
+def test_oracle_passes_and_doing_nothing_fails(kind, task_id, local_root):
+    env = make(kind, local_root)
+    try:
+        obs, info = env.reset(options={"task_id": task_id})
+        instruction = (DATA / task_id / "instruction.md").read_text()
+        # on local, /app is the sandbox's working directory: the instruction says so relatively
+        assert obs == (instruction.replace("/app/", "") if kind == "local" else instruction)
+        assert [t["function"]["name"] for t in info["tools"]] == ["bash", "submit"]
+        assert env.max_seconds == load_harbor(f"harbor:{DATA}")[task_id].agent_timeout  # task.toml [agent]
+        _, reward, term, _, info = play_oracle(env)
+        assert (reward, term, info["report"]["reward"]) == (1.0, True, 1.0)
+        assert env.trajectory.ok
+
+        env.reset(options={"task_id": task_id})
+        _, reward, term, _, info = env.step({"name": "submit", "arguments": {}})
+        assert (reward, term) == (0.0, True) and env.trajectory.ok
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("kind,task_id", backends())
+def test_a_background_process_cannot_forge_the_reward_or_edit_the_verifier(kind, task_id, local_root):
+    env = make(kind, local_root)
+    try:
+        env.reset(options={"task_id": task_id})
+        paths = env.paths(env._ctx.state["workdir"])
+        logs, tests = paths["logs"], paths["tests"]
+        # no pause: it must win any race against the verifier; mv, so a read never sees a half-written file
+        forger = (f"while true; do mkdir -p {logs}/verifier {tests}; echo 1 > {logs}/r; mv {logs}/r {logs}/verifier/reward.txt; "
+                  f'printf "mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt\\n" > {logs}/t; '
+                  f"mv {logs}/t {tests}/test.sh; done")
+        bash(env, f"setsid nohup sh -c '{forger}' > /dev/null 2>&1 < /dev/null &")
+        # the forger is alive and has written its reward and its verifier before the episode ends
+        assert bash(env, f"sleep 1; cat {logs}/verifier/reward.txt").strip() == "1"
+        assert "echo 1 >" in bash(env, f"cat {tests}/test.sh")
+        _, reward, term, trunc, info = env.step({"name": "submit", "arguments": {}})
+        assert (reward, term, trunc) == (0.0, True, False), info
+        assert env.trajectory.ok
+    finally:
+        env.close()
+
+
+def _with_verifier(tmp_path: Path, task_id: str, test_sh: str) -> Path:
+    folder = tmp_path / "tasks" / task_id
+    shutil.copytree(DATA / task_id, folder)
+    (folder / "tests" / "test.sh").write_text(test_sh)
+    return folder.parent
+
+
+@pytest.mark.parametrize("kind,task_id", backends())
+@pytest.mark.parametrize("verifier", ["mkdir -p /logs/verifier; echo banana > /logs/verifier/reward.txt",
+                                      "mkdir -p /logs/verifier; echo nan > /logs/verifier/reward.txt",
+                                      "echo the verifier forgot the reward file"])
+def test_a_garbage_or_missing_reward_errors_the_trajectory(kind, task_id, verifier, tmp_path, local_root):
+    env = make(kind, local_root, _with_verifier(tmp_path, task_id, verifier + "\n"))
+    try:
+        env.reset(options={"task_id": task_id})
+        _, reward, term, trunc, info = play_oracle(env)
+        assert (reward, term, trunc) == (0.0, True, False)
+        assert info["report"]["error_kind"] == "grading" and "reward" in info["report"]["error"]
+        assert info["error"] == env.trajectory.error == f"grading: {info['report']['error']}"
+        assert not env.trajectory.ok
+        assert getattr(env.trajectory, "error_kind", "grading") == "grading"
+    finally:
+        env.close()
+
+
+def test_local_refuses_a_dockerfile_it_cannot_reproduce(local_root):
+    assert pip_only((DATA / "sum-numbers" / "environment" / "Dockerfile").read_text()) is None
+    env = make("local", local_root)
+    try:
+        with pytest.raises(gym.error.Error, match=r"backend=\{'type': 'docker'\}"):
+            env.reset(options={"task_id": "sum-numbers"})
+    finally:
+        env.close()
+    plain = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}",
+                     backend={"type": "local", "isolation": "none", "root": str(local_root)}).unwrapped
+    try:
+        with pytest.raises(gym.error.Error, match="isolation='bwrap'"):
+            plain.reset(options={"task_id": "six-version"})
+    finally:
+        plain.close()
+
+
+def test_other_backends_are_refused_clearly():
+    env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}", base_url="http://127.0.0.1:9", api_key="k").unwrapped
+    try:
+        with pytest.raises(gym.error.Error, match="the local or the docker backend, not an orchestrator"):
+            env.reset(options={"task_id": "sum-numbers"})
+    finally:
+        env.close()
+
+
+def test_pip_only_dockerfiles():
+    assert pip_only("FROM python:3.12\nRUN pip install six 'attrs==23.1'\n") == ["six", "attrs==23.1"]
+    assert pip_only("# c\nFROM x\nRUN python3 -m pip install --no-cache-dir \\\n  six\n") == ["six"]
+    assert pip_only("FROM x\n") == []
+    for dockerfile in ("FROM x\nRUN apt-get install -y jq\n", "FROM x\nCOPY a /a\n", "RUN pip install six\n",
+                       "FROM x\nRUN pip install -r req.txt\n", "", "FROM x\nRUN pip install six && rm -rf /\n"):
+        assert pip_only(dockerfile) is None, dockerfile
+
+
+def test_bad_task_folders_get_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="no Harbor tasks at"):
+        load_harbor(f"harbor:{tmp_path}/nowhere")
+    with pytest.raises(ValueError, match="no Harbor task folders"):
+        load_harbor(f"harbor:{tmp_path}")
+    task = tmp_path / "t"
+    shutil.copytree(DATA / "sum-numbers", task)
+    (task / "tests" / "test.sh").unlink()
+    with pytest.raises(ValueError, match="tests/test.sh is missing"):
+        load_harbor(f"harbor:{task}")
+    shutil.copy(DATA / "sum-numbers" / "tests" / "test.sh", task / "tests" / "test.sh")
+    (task / "task.toml").write_text("[verifier\ntimeout_sec = ")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_harbor(f"harbor:{task}")
+    (task / "task.toml").write_text("[verifier]\ntimeout_sec = -3\n")
+    with pytest.raises(ValueError, match="positive number"):
+        load_harbor(f"harbor:{task}")
+    (task / "task.toml").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        gym.make("Orchard/Claw-v0", tasks=f"harbor:{task}")
+    assert set(load_harbor(f"harbor:{DATA}")) == {"six-version", "sum-numbers"}
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(_GATEWAY is None, reason=_WHY_NOT)
+def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
+    import docker
+
+    from orchard_gym.backends.docker import default_base_url
+    from orchard_gym.envs.claw.harbor import ensure_image
+
+    shutil.copytree(DATA / "sum-numbers", tmp_path / "sum-numbers")
+    task = load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"]
+    client = docker.DockerClient(base_url=default_base_url())
+    try:
+        tag = ensure_image(task, default_base_url())
+        assert tag.startswith("localhost/orchard/harbor-sum-numbers:") and len(tag.rsplit(":", 1)[1]) == 12
+        first = client.images.get(tag).id
+        assert ensure_image(task, default_base_url()) == tag and client.images.get(tag).id == first
+        dockerfile = tmp_path / "sum-numbers" / "environment" / "Dockerfile"
+        dockerfile.write_text(dockerfile.read_text() + "RUN echo changed > /app/changed.txt\n")
+        changed = load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"]
+        new_tag = ensure_image(changed, default_base_url())
+        assert new_tag != tag and client.images.get(new_tag).id != first
+        client.images.remove(new_tag)
+        (tmp_path / "sum-numbers" / "environment" / "Dockerfile").write_text("FROM localhost/orchard/no-such:1\n")
+        with pytest.raises(Exception, match="nothing is pulled"):
+            ensure_image(load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"], default_base_url())
+    finally:
+        client.close()
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
+    import json
+
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    out = tmp_path / "eval.jsonl"
+    args = ["eval", "--env", "Orchard/Claw-v0", "--tasks", f"harbor:{DATA}", "--task-id", "six-version",
+            "--policy", "oracle", "-k", "2", "--out", str(out)]
+    result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert result.exit_code == 0, result.output
+    assert "pass@2 100.0%; pass^2 100.0% over 1 tasks; mean task score 1.000" in result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [t["reward"] for t in lines] == [1.0, 1.0] and all(t["error"] is None for t in lines)
+
+
+@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+def test_check_env_passes(local_root):
+    from gymnasium.utils.env_checker import check_env
+
+    env = make("local", local_root, DATA / "six-version")
+    try:
+        check_env(env, skip_render_check=True)
+    finally:
+        env.close()
