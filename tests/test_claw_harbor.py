@@ -14,7 +14,7 @@ import pytest
 import orchard_gym  # noqa: F401
 from orchard_gym.envs.claw.harbor import HarborEnv, HarborOraclePolicy, load_harbor, pip_only
 
-from conftest import HAS_BWRAP, docker_engine
+from conftest import docker_engine, needs, needs_bwrap
 
 DATA = Path(__file__).parent / "data" / "harbor"
 _GATEWAY, _WHY_NOT = docker_engine()
@@ -23,9 +23,9 @@ _GATEWAY, _WHY_NOT = docker_engine()
 def backends():
     return [
         pytest.param("local", "six-version", id="local-bwrap",
-                     marks=pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")),
+                     marks=needs_bwrap),
         pytest.param("docker", "sum-numbers", id="docker",
-                     marks=[pytest.mark.docker, pytest.mark.skipif(_GATEWAY is None, reason=_WHY_NOT)]),
+                     marks=[pytest.mark.docker, needs("docker", None if _GATEWAY else _WHY_NOT)]),
     ]
 
 
@@ -115,7 +115,7 @@ def test_a_garbage_or_missing_reward_errors_the_trajectory(kind, task_id, verifi
         assert info["report"]["error_kind"] == "grading" and "reward" in info["report"]["error"]
         assert info["error"] == env.trajectory.error == f"grading: {info['report']['error']}"
         assert not env.trajectory.ok
-        assert getattr(env.trajectory, "error_kind", "grading") == "grading"
+        assert env.trajectory.error_kind == "grading"
     finally:
         env.close()
 
@@ -179,7 +179,7 @@ def test_bad_task_folders_get_clear_errors(tmp_path):
 
 
 @pytest.mark.docker
-@pytest.mark.skipif(_GATEWAY is None, reason=_WHY_NOT)
+@needs("docker", None if _GATEWAY else _WHY_NOT)
 def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
     import docker
 
@@ -207,7 +207,7 @@ def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
         client.close()
 
 
-@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+@needs_bwrap
 def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
     import json
 
@@ -225,7 +225,7 @@ def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
     assert [t["reward"] for t in lines] == [1.0, 1.0] and all(t["error"] is None for t in lines)
 
 
-@pytest.mark.skipif(not HAS_BWRAP, reason="bwrap is not installed")
+@needs_bwrap
 def test_check_env_passes(local_root):
     from gymnasium.utils.env_checker import check_env
 

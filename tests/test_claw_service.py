@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import sys
 
 import pytest
+
+from conftest import needs
 
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.claw.env import ClawEnv, ClawOraclePolicy
@@ -239,7 +240,7 @@ def _docker_why_not() -> str | None:
 
 
 @pytest.mark.docker
-@pytest.mark.skipif(_docker_why_not() is not None, reason=str(_docker_why_not()))
+@needs("docker", _docker_why_not())
 @pytest.mark.parametrize("image", ["localhost/orchard/busybox:latest", "localhost/orchard/bookworm:latest"])
 def test_docker_oracle_passes_idle_fails_and_cli_matches_function(image):
     """In containers (busybox: no Python, no glibc; the service runs on the agent bundle's

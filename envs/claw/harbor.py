@@ -13,8 +13,8 @@ until none is left), `/logs/verifier` is emptied, `tests/` is uploaded fresh to 
 (so the policy never had the verifier to edit), `bash /tests/test.sh` runs, and the reward
 file is the reward. No reward file, or one that is not a finite number, is a grading
 failure, never a score: `report["error_kind"] == "grading"` with `report["error"]`, and the
-trajectory is errored (`trajectory.error` = "grading: ...", and `trajectory.error_kind`
-where the Trajectory model has it), so trainers drop it.
+trajectory is errored (`trajectory.error` = "grading: ...", `trajectory.error_kind` =
+"grading"), so trainers drop it.
 
 Where the sandbox comes from:
 - container backends: the image is built from `environment/` with the docker SDK, never
@@ -260,8 +260,7 @@ class HarborEnv(SandboxEnv):
         if report.get("error_kind") and self.trajectory.error is None:
             # a task that cannot be graded is not a failed agent: trainers drop it
             self.trajectory.error = info["error"] = f"grading: {report['error']}"
-            if "error_kind" in type(self.trajectory).model_fields:
-                self.trajectory.error_kind = report["error_kind"]
+            self.trajectory.error_kind = report["error_kind"]
         return obs, reward, terminated, truncated, info
 
     def paths(self, workdir: str) -> dict[str, str]:
