@@ -87,6 +87,10 @@ class SandboxEnv(gym.Env):
     def image_for(self, task: Any) -> str | None:
         return getattr(task, "image", None)
 
+    def sandbox_size(self, task: Any) -> dict:
+        """`cpu`/`memory` of the task's sandbox (as `create_sandbox` takes them); none by default."""
+        return {}
+
     async def fingerprint(self, ctx: ToolContext) -> str | None:
         """A cheap hash of the working tree after a step (None when not tracked)."""
         return None
@@ -136,7 +140,7 @@ class SandboxEnv(gym.Env):
         client = await self._get_client()
         self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id)
         self._started, self._done = time.monotonic(), False
-        self.sandbox = await client.create_sandbox(image=self.image_for(self.task))
+        self.sandbox = await client.create_sandbox(image=self.image_for(self.task), **self.sandbox_size(self.task))
         self.trajectory.sandbox_id = self.sandbox.sandbox_id
         try:
             self._ctx = await self.setup(self.sandbox, self.task)

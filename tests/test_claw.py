@@ -222,3 +222,18 @@ def test_mcp_server_answers_garbage_lines_with_json_rpc_errors(tmp_path):
     assert r.returncode == 0 and len(answers) == 6  # the notification gets no answer
     assert [a.get("error", {}).get("code") for a in answers] == [-32700, -32700, -32601, -32600, -32603, None]
     assert "unreachable" in answers[4]["error"]["message"] and answers[5]["result"] == {}
+
+
+def test_claw_sandboxes_get_the_papers_size_unless_told_otherwise(local_root):
+    """2 vCPU / 2 GiB per Claw sandbox by default (Orchard-Claw); None leaves the backend's default."""
+    async def sizes(**kwargs):
+        async with AsyncSandboxClient(local(local_root)) as client:
+            env = ClawEnv(client=client, **kwargs)
+            try:
+                await env.areset(options={"task_id": sorted(TASKS)[0]})
+                return env.sandbox.record.cpu, env.sandbox.record.memory
+            finally:
+                await env.aclose()
+
+    assert asyncio.run(sizes()) == (2.0, "2g")
+    assert asyncio.run(sizes(sandbox_cpu=1.0, sandbox_memory=None)) == (1.0, None)

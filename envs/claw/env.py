@@ -87,8 +87,11 @@ class ClawEnv(SandboxEnv):
 
     def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,
                  judge: str | None = None, judge_api_key: str | None = None,
-                 max_steps: int = 40, exec_timeout: float = 60.0, **kwargs: Any):
+                 max_steps: int = 40, exec_timeout: float = 60.0,
+                 sandbox_cpu: float | None = 2.0, sandbox_memory: str | int | None = "2g", **kwargs: Any):
         self._tasks: dict[str, ClawTask] = load_tasks(tasks)
+        # the papers' Claw sandboxes: 2 vCPU / 2 GiB (None: the backend's default)
+        self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
         self.with_bash, self.image = bash, image
         if judge is not None:
             parse_spec(judge)
@@ -108,6 +111,9 @@ class ClawEnv(SandboxEnv):
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
+
+    def sandbox_size(self, task: Any) -> dict:
+        return self._size
 
     def get_task(self, task_id: str) -> ClawTask:
         return self._tasks[task_id]
