@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import AGENT_PY, marked_pids, wait_until
+from conftest import AGENT_PY, marked_pids, require_module, wait_until
 
 TOKEN = "tok-" + "q" * 40
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
@@ -490,7 +490,7 @@ def test_paths_outside_the_workdir_are_refused(tmp_path, agent):
 # --------------------------------------------------------------------------- through the orchestrator
 @pytest.fixture(scope="module")
 def orch(tmp_path_factory):
-    pytest.importorskip("fastapi")
+    require_module("server", "fastapi")
     import shutil
 
     from service_helpers import Orchestrator, remove_all_sandboxes, short_root
