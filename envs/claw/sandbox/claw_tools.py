@@ -103,6 +103,13 @@ def _new_id(items: list, prefix: str) -> str:
     return f"{prefix}{max(numbers, default=0) + 1}"
 
 
+def _update(items, args, key, what):
+    """Set the fields `args` names (all but the id `key`) on the item of that id."""
+    item = _find(items, args[key], what)
+    item.update({k: v for k, v in args.items() if k != key})
+    return {key: item["id"]}
+
+
 def _find(items: list, item_id: str, what: str) -> dict:
     for item in items:
         if item.get("id") == item_id:
@@ -258,9 +265,7 @@ def todo_add(state, args):
 
 
 def todo_update(state, args):
-    item = _find(state["todo"]["items"], args["item_id"], "todo item")
-    item.update({k: v for k, v in args.items() if k != "item_id"})
-    return {"item_id": item["id"]}
+    return _update(state["todo"]["items"], args, "item_id", "todo item")
 
 
 def todo_delete(state, args):
@@ -283,9 +288,7 @@ def helpdesk_get_ticket(state, args):
 
 
 def helpdesk_update_ticket(state, args):
-    ticket = _find(state["helpdesk"]["tickets"], args["ticket_id"], "ticket")
-    ticket.update({k: v for k, v in args.items() if k != "ticket_id"})
-    return {"ticket_id": ticket["id"]}
+    return _update(state["helpdesk"]["tickets"], args, "ticket_id", "ticket")
 
 
 def helpdesk_add_comment(state, args):
@@ -313,9 +316,7 @@ def contacts_add(state, args):
 
 
 def contacts_update(state, args):
-    contact = _find(state["contacts"]["contacts"], args["contact_id"], "contact")
-    contact.update({k: v for k, v in args.items() if k != "contact_id"})
-    return {"contact_id": contact["id"]}
+    return _update(state["contacts"]["contacts"], args, "contact_id", "contact")
 
 
 # ---------------------------------------------------------------------------- answer
