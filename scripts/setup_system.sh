@@ -16,10 +16,13 @@ log() { echo "[setup_system] $*"; }
 # catatonit: init for `podman run --init`.  uidmap: subuid tooling.
 # debootstrap/busybox-static: build the local test images (no registry access).
 # python3: Debian's interpreter, the one bundled into the agent bundle.
+# xvfb/chromium/xdotool/openbox/xterm/mousepad/pcmanfm/x11-utils/fonts: the GUI domain on the
+#   local backend (a display inside each sandbox) and the trajectory viewer's browser test.
 PACKAGES=(
   podman runc conmon netavark aardvark-dns iptables catatonit uidmap
   bubblewrap redis-server debootstrap busybox-static
   git patch curl ca-certificates openssl python3
+  xvfb chromium xdotool openbox xterm mousepad pcmanfm x11-utils xauth fonts-dejavu-core
 )
 
 missing=()
