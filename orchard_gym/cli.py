@@ -138,7 +138,10 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 
 @main.command("eval")
 @click.option("--env", "env_id", default="Orchard/SWE-v0", show_default=True, help="registered env id")
-@click.option("--tasks", default="builtin", show_default=True, help="'builtin', a JSON/JSONL file or a folder")
+@click.option("--tasks", default="builtin", show_default=True,
+              help="'builtin', a JSON/JSONL/Parquet file, a folder or a Hugging Face dataset name")
+@click.option("--split", default=None, help="split of a dataset folder or hub dataset (SWE)")
+@click.option("--image-prefix", default=None, help="registry/namespace replacing that of the task images (SWE)")
 @click.option("--policy", default="oracle", show_default=True, help="oracle | openai:URL#MODEL")
 @click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
 @click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
@@ -150,8 +153,8 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="trajectories JSONL (default runs/eval-TIME.jsonl)")
 @click.option("-k", "attempts", type=click.IntRange(min=1), default=1, show_default=True,
               help="attempts per task: reports pass@k and pass^k")
-def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, concurrency, max_steps, task_filter,
-             out, attempts) -> None:
+def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
+             max_steps, task_filter, out, attempts) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
@@ -175,7 +178,11 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
         spec = gym.spec(env_id)
     except gym.error.Error as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
-    probe = spec.make(tasks=tasks, backend={"type": "local"}).unwrapped
+    extra = {k: v for k, v in (("split", split), ("image_prefix", image_prefix)) if v is not None}
+    try:
+        probe = spec.make(tasks=tasks, backend={"type": "local"}, **extra).unwrapped
+    except (ValueError, FileNotFoundError, ImportError) as e:  # a bad task file names its line and field
+        raise click.BadParameter(str(e), param_hint="--tasks") from None
     ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
     if task_filter and len(ids) != len(set(task_filter)):
         raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
@@ -398,6 +405,10 @@ def plot_cmd(run_dir, out) -> None:
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None
 
+
+from .cli_tasks import tasks_group  # noqa: E402
+
+main.add_command(tasks_group)
 
 if __name__ == "__main__":
     main()

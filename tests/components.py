@@ -38,6 +38,7 @@ COMPONENTS = {
     "openssl": "the openssl CLI (scripts/setup_system.sh): test TLS certificates",
     "schemathesis": "schemathesis (extra [dev]): the API fuzz test",
     "swe-images": "one image per built-in SWE task (scripts/build_swe_images.py)",
+    "swe-datasets": "datasets and pyarrow (extra [swe], also in [train]): dataset folders, Parquet, swebench's eval scripts",
     "train": "torch, transformers and TRL (extra [train])",
 }
 

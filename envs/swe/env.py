@@ -20,7 +20,14 @@ trajectory is marked errored (`report["error_kind"] == "grading"`,
 `trajectory.error_kind == "grading"`), so trainers drop it and `orchard eval` counts it
 apart. `info["report"]` has the details, including the last 4 KB of test output.
 
-Where the test environment comes from (`runtime`):
+Public datasets (SWE-bench, SWE-Gym, SWE-rebench, R2E-Gym, SWE-smith; `tasks.py`,
+`datasets.py`): the instance's own image holds the repository at `/testbed` and its test
+environment; `setup` snapshots that tree as the base commit (ignored build files
+included, so they are never part of a submission), and grading runs the instance's
+SWE-bench eval script (`image_eval.py`) in a fresh sandbox of the image, after the same
+patch application and protected-path restore.
+
+Where the test environment comes from (`runtime`, built-in tasks):
 - "host" (the default on the local backend): a venv with the task's requirements,
   built once on the host and cached (`~/.cache/orchard-gym/swe/venvs`);
 - "image" (container backends): the task's image (`task.image`), with its venv at
@@ -33,7 +40,7 @@ import asyncio
 import contextlib
 import hashlib
 import shlex
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 import gymnasium as gym
@@ -46,6 +53,7 @@ from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
 from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, submitted_patch
+from .image_eval import run_eval_script
 from .protected import ProtectedPaths, base_names
 from .tasks import SWETask, load_tasks
 from .venvs import ensure_venv
@@ -74,17 +82,21 @@ class SWEEnv(SandboxEnv):
     `test_timeout` (seconds for the test run), `grade_in_place` (grade in the policy's
     sandbox instead of a fresh one; off by default), `reference_check` (run the gold
     patch when a grading names no test results, to tell a broken task from a failed
-    agent; on by default)."""
+    agent; on by default), `split` (of a dataset folder or hub dataset), `image_prefix`
+    (registry/namespace replacing that of every task image), `dataset` (force a record
+    schema: see `datasets.KINDS`)."""
 
     env_id = "Orchard/SWE-v0"
 
     def __init__(self, *, tasks: str | Path | dict[str, SWETask] = "builtin",
                  runtime: Literal["auto", "host", "image"] = "auto", test_timeout: float = 900.0,
-                 grade_in_place: bool = False, reference_check: bool = True, **kwargs: Any):
+                 grade_in_place: bool = False, reference_check: bool = True, split: str | None = None,
+                 image_prefix: str | None = None, dataset: str | None = None, **kwargs: Any):
         for name, value in (("grade_in_place", grade_in_place), ("reference_check", reference_check)):
             if not isinstance(value, bool):
                 raise gym.error.Error(f"{name} must be True or False, not {value!r}")
-        self._tasks = tasks if isinstance(tasks, dict) else load_tasks(tasks)
+        self._tasks = tasks if isinstance(tasks, dict) else \
+            load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
         self.runtime = runtime
         self.test_timeout = test_timeout
         self.grade_in_place, self.reference_check = grade_in_place, reference_check
@@ -107,9 +119,11 @@ class SWEEnv(SandboxEnv):
         return "host" if backend is not None and backend.name == "local" else "image"
 
     def image_for(self, task: SWETask) -> str | None:
-        return None if self._runtime() == "host" else task.image
+        return task.image if task.in_image or self._runtime() != "host" else None
 
     async def setup(self, sandbox: AsyncSandboxInstance, task: SWETask) -> ToolContext:
+        if task.in_image:
+            return await self._setup_in_image(sandbox, task)
         if self._runtime() == "host":
             venv_bin = str(await run_in_thread(ensure_venv, task.install) / "bin")
         else:
@@ -137,6 +151,32 @@ class SWEEnv(SandboxEnv):
             raise OrchardError(f"setting up {task.instance_id} failed ({r.exit_code}): {(r.stdout + r.stderr)[-2000:]}")
         return ToolContext(sandbox=sandbox, cwd=repo, env=env, timeout=self.exec_timeout)
 
+    async def _setup_in_image(self, sandbox: AsyncSandboxInstance, task: SWETask) -> ToolContext:
+        """The image holds the repository (SWE-bench layout): commit its tree as the base."""
+        repo, root = task.workdir, (sandbox.workdir or "/").rstrip("/") + "/"
+        if not (repo + "/").startswith(root):
+            raise OrchardError(f"task {task.instance_id}: the repository is at {repo}, outside the sandbox's "
+                               f"workdir {sandbox.workdir}; set the backend's workdir to {repo!r}")
+        q = shlex.quote(repo)
+        # the image's own test environment (SWE-bench: conda env `testbed`), as its eval script activates it
+        probe = ("if [ -f /opt/miniconda3/bin/activate ]; then source /opt/miniconda3/bin/activate && "
+                 "conda activate testbed; fi >/dev/null 2>&1; echo \"$PATH\"")
+        r = await sandbox.exec(f"bash -c {shlex.quote(probe)}", timeout=60)
+        path = r.stdout.strip().splitlines()[-1] if r.exit_code == 0 and r.stdout.strip() else "/usr/bin:/bin"
+        env = {**task.env, "PATH": path, "GIT_PAGER": "cat", "PAGER": "cat"}
+        lines = ["set -e", f"git config --global --add safe.directory {q} >/dev/null 2>&1 || true", f"cd {q}"]
+        if task.bug_patch:  # SWE-smith: the image holds the clean repository
+            lines += [f"{GIT} apply --binary - <<'ORCHARD_BUG_EOF'", task.bug_patch.rstrip("\n"), "ORCHARD_BUG_EOF"]
+        lines += [f"({command})" for command in task.setup_commands]
+        # every file now present (also what .gitignore names: build outputs) is in the base commit
+        lines.append(f"{GIT} add -A -f && {GIT} commit -q --allow-empty --no-verify -m orchard-base")
+        script = "\n".join(lines)
+        r = await sandbox.exec(script, timeout=600, env=env)
+        if r.exit_code != 0:
+            raise OrchardError(f"setting up {task.instance_id} in {task.image} failed ({r.exit_code}): "
+                               f"{(r.stdout + r.stderr)[-2000:]}")
+        return ToolContext(sandbox=sandbox, cwd=repo, env=env, timeout=self.exec_timeout)
+
     def first_observation(self, task: SWETask) -> str:
         # no sandbox-specific path here: the same seed must give the same first observation
         return INSTRUCTIONS.format(repo=task.repo, problem=task.problem_statement.strip(),
@@ -161,12 +201,12 @@ class SWEEnv(SandboxEnv):
             return 0.0, report
         try:
             if self.grade_in_place:
-                run = await run_tests(ctx, task, self._rules(task, ctx.env), None, self.test_timeout)
+                run = await self._test(ctx, task, None)
             else:
                 run = await self._run_fresh(task, patch)
         except INFRA_ERRORS:
             raise  # the env marks the trajectory failed (infrastructure)
-        except (OrchardError, RuntimeError) as e:
+        except (OrchardError, RuntimeError, ValueError, ImportError) as e:  # ValueError: no test command
             return 0.0, self._broken(report, f"the grading sandbox failed: {type(e).__name__}: {e}", TestRun())
         report["dropped"] = run.dropped
         if not run.applied:
@@ -193,8 +233,21 @@ class SWEEnv(SandboxEnv):
         return 0.0, self._broken(report, why, run)
 
     # ------------------------------------------------------------------ grading helpers
-    def _rules(self, task: SWETask, env: dict[str, str]) -> ProtectedPaths:
-        return ProtectedPaths(task.test_files, env, base_names(task.source_archive))
+    async def _rules(self, task: SWETask, ctx: ToolContext) -> ProtectedPaths:
+        if not task.in_image:
+            return ProtectedPaths(task.test_files, ctx.env, base_names(task.source_archive))
+        r = await ctx.sandbox.exec(f"{GIT} ls-tree -r -z --name-only HEAD", cwd=ctx.cwd, timeout=120)
+        if r.exit_code != 0:
+            raise RuntimeError(f"listing the base tree failed: {(r.stdout + r.stderr)[-1000:]}")
+        names = {n for n in r.stdout.split("\0") if n}
+        folders = {str(p) for n in names for p in PurePosixPath(n).parents if str(p) != "."}
+        return ProtectedPaths(task.test_files, ctx.env, frozenset(names | folders))
+
+    async def _test(self, ctx: ToolContext, task: SWETask, patch: bytes | None) -> TestRun:
+        rules = await self._rules(task, ctx)
+        if task.in_image:
+            return await run_eval_script(ctx, task, rules, patch, self.test_timeout)
+        return await run_tests(ctx, task, rules, patch, self.test_timeout)
 
     @contextlib.asynccontextmanager
     async def _fresh_sandbox(self, task: SWETask):
@@ -209,7 +262,7 @@ class SWEEnv(SandboxEnv):
 
     async def _run_fresh(self, task: SWETask, patch: bytes) -> TestRun:
         async with self._fresh_sandbox(task) as gctx:
-            return await run_tests(gctx, task, self._rules(task, gctx.env), patch, self.test_timeout)
+            return await self._test(gctx, task, patch)
 
     async def _reference(self, task: SWETask) -> dict:
         """Run the gold patch in a fresh sandbox: do its test results name the task's tests?"""

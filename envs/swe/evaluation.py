@@ -46,6 +46,9 @@ class TestRun:
 def _scratch(ctx) -> str:
     """A path outside the repository, unique per use (so nothing can be planted there first)."""
     base = ctx.cwd.rsplit("/", 1)[0] or "/tmp"
+    root = (getattr(ctx.sandbox, "workdir", None) or "/").rstrip("/") + "/"
+    if not (base + "/").startswith(root):
+        base = f"{ctx.cwd}/.git"  # the repository is the workdir (/testbed): git never diffs its .git
     return f"{base}/.orchard-grade-{uuid.uuid4().hex[:12]}"
 
 
