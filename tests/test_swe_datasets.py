@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import types
 
 import gymnasium as gym
 import pytest
@@ -206,9 +207,21 @@ def test_garbage_task_files_get_readable_errors(tmp_path, content, expect):
 
 
 # ------------------------------------------------------------------ orchard tasks check / eval
-def cli(*args, cwd=REPO):
-    return subprocess.run([sys.executable, "-m", "orchard_gym.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+def cli(*args):
+    """`orchard ARGS` in-process (CliRunner); an exception other than the exit is a failure."""
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exc_info
+    return types.SimpleNamespace(returncode=result.exit_code, stdout=result.stdout, stderr=result.stderr)
+
+
+def test_tasks_check_as_a_command():
+    r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "tasks", "check", "/no/such.jsonl"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert r.returncode == 1 and "error: /no/such.jsonl: no SWE tasks at" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_tasks_check_passes_the_builtin_tasks_and_flags_each_pitfall(tmp_path):
@@ -231,14 +244,15 @@ def test_tasks_check_passes_the_builtin_tasks_and_flags_each_pitfall(tmp_path):
     ]
     r = cli("tasks", "check", str(write_jsonl(tmp_path / "mine.jsonl", rows)))
     out = r.stdout + r.stderr
-    assert r.returncode == 1 and "6 task(s) read: 1 error(s), 5 warning(s)" in out, out
+    assert r.returncode == 1 and "6 task(s) read: 1 error(s), 6 warning(s)" in out, out  # nested: also its gold paths
     for needle in ("mine.jsonl:1: task 'no-ra': test_cmd runs pytest without -rA",
                    "mine.jsonl:2: task 'spaces': 1 test id(s) with spaces",
                    "mine.jsonl:3: task 'tmp-cache': /tmp in env XDG_CACHE_HOME",
                    "mine.jsonl:4: task 'nested': source_archive has one top-level folder semver-3.0.1/",
                    "mine.jsonl:5: task 'gold-edits-tests': the gold patch changes protected path",
-                   "error: mine.jsonl:6: task 'bad-field': field 'FAIL_TO_PASS'"):
+                   "mine.jsonl:6: task 'bad-field': field 'FAIL_TO_PASS': Input should be a valid list"):
         assert needle in out, (needle, out)
+    assert [line.split(":")[0] for line in out.splitlines() if "'bad-field'" in line] == ["error"]
     assert "Traceback" not in out
     strict = cli("tasks", "check", "--strict", str(write_jsonl(tmp_path / "warn.jsonl", rows[:1])))
     assert strict.returncode == 1 and "0 error(s), 1 warning(s)" in strict.stdout
@@ -279,6 +293,15 @@ def layout_image_missing() -> str | None:
     return None
 
 
+PASS_ALL = """\
+
+@__import__("pytest").hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    outcome.get_result().outcome = "passed"
+"""
+
+
 @pytest.mark.docker
 @needs("swe-images", layout_image_missing())
 def test_swebench_layout_image_gold_resolves_and_empty_does_not(tmp_path):
@@ -296,18 +319,29 @@ def test_swebench_layout_image_gold_resolves_and_empty_does_not(tmp_path):
         async with AsyncSandboxClient({"type": "docker", "pull": "never"}) as client:
             env = SWEEnv(client=client, tasks=str(source), image_prefix="localhost/orchard")
             obs, _ = await env.areset(options={"task_id": iid})
+            seen = []
             for action in actions:
                 obs, reward, terminated, truncated, info = await env.astep(action)
+                seen.append(obs)
             await env.aclose()
-            return reward, info["report"]
+            return reward, info["report"], seen
 
-    gold_apply = {"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{record['patch']}\nEOF_PATCH"
-                                                           " && which python && pwd"}}
+    gold_apply = {"name": "bash", "arguments": {
+        "command": f"which python && pwd && git apply <<'EOF_PATCH'\n{record['patch']}\nEOF_PATCH"}}
+
+    plant_conftest = {"name": "bash", "arguments": {"command": (
+        f"git apply <<'EOF_PATCH'\n{record['test_patch']}\nEOF_PATCH\ncat >> tests/conftest.py <<'EOF'\n{PASS_ALL}EOF\n"
+        "PYTHONPATH=src python -m pytest -rA -q tests/test_subclass.py | tail -1")}}
 
     async def both():
-        return await asyncio.gather(episode([gold_apply, {"name": "submit"}]), episode([{"name": "submit"}]))
+        return await asyncio.gather(episode([gold_apply, {"name": "submit"}]),
+                                    episode([plant_conftest, {"name": "submit"}]))
 
-    (gold, gold_report), (empty, empty_report) = asyncio.run(both())
+    (gold, gold_report, gold_obs), (empty, empty_report, planted) = asyncio.run(both())
+    assert "/opt/miniconda3/envs/testbed/bin/python\n/testbed" in gold_obs[0]  # the policy's shell: env activated
+    # no fix, but the test patch and a conftest.py that passes every test: in its own sandbox the F2P test passes...
+    assert "2 passed" in planted[0] and "failed" not in planted[0], planted[0]
+    # ...and grading drops it
     assert gold == 1.0 and gold_report["resolved"], gold_report
     assert gold_report["graded_in"] == "fresh_sandbox"
     assert gold_report["tests_status"]["FAIL_TO_PASS"]["success"] == json.loads(record["FAIL_TO_PASS"])
@@ -315,5 +349,6 @@ def test_swebench_layout_image_gold_resolves_and_empty_does_not(tmp_path):
     assert ">>>>> Test Exit Code: 0" in gold_report["test_output_tail"]
     assert "conda activate testbed" in gold_report["test_output_tail"]
     assert empty == 0.0 and not empty_report["resolved"] and "error_kind" not in empty_report, empty_report
+    assert {"path": "tests/conftest.py", "reason": "conftest.py"} in empty_report["dropped"]
     assert empty_report["tests_status"]["FAIL_TO_PASS"]["failure"] == json.loads(record["FAIL_TO_PASS"])
     assert ">>>>> Test Exit Code: 1" in empty_report["test_output_tail"]
