@@ -60,6 +60,12 @@ def main() -> None:
             print("pyarrow missing: no parquet figures")
         size = {k: f.stat().st_size / 1e6 for k, f in files.items()}
         print(f"{args.n} SWE-bench-format instances; median / worst of {args.repeats}")
+        base = []
+        for _ in range(args.repeats):  # same-run baseline: a fresh process that only imports the loader
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "import orchard_gym.envs.swe.tasks"], check=True, cwd="/")
+            base.append(time.perf_counter() - t0)
+        print(f"  baseline: fresh process importing the loader only {statistics.median(base):.3f} s / {max(base):.3f} s")
         for kind, file in files.items():
             inproc = []
             for _ in range(args.repeats):
