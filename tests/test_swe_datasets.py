@@ -8,6 +8,7 @@ import asyncio
 import functools
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -202,6 +203,9 @@ def test_garbage_task_files_get_readable_errors(tmp_path, content, expect):
         load_tasks(tmp_path / "bin.parquet")
     with pytest.raises(TaskFormatError, match="no tasks found"):
         load_tasks(write_jsonl(tmp_path / "empty.jsonl", ["", "  "]))
+    for bad in ({"image_prefix": 5}, {"split": ""}, {"dataset": ["swe-gym"]}):
+        with pytest.raises(gym.error.Error, match=f"{next(iter(bad))} must be a non-empty string"):
+            gym.make("Orchard/SWE-v0", tasks="builtin", **bad)
     with pytest.raises(TaskFormatError, match="unknown dataset kind 'nope'"):
         load_tasks(write_jsonl(tmp_path / "k.jsonl", [SWEBENCH_RECORD]), dataset="nope")
 
@@ -222,6 +226,11 @@ def test_tasks_check_as_a_command():
     r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "tasks", "check", "/no/such.jsonl"],
                        capture_output=True, text=True, cwd=REPO, timeout=120)
     assert r.returncode == 1 and "error: /no/such.jsonl: no SWE tasks at" in r.stderr and "Traceback" not in r.stderr
+    # a hub name without a network: a readable error, not a traceback (offline: no attempt to connect)
+    r = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "tasks", "check", "no-such-org/no-such-dataset"],
+                       capture_output=True, text=True, cwd=REPO, timeout=120, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert r.returncode == 1 and "cannot load 'no-such-org/no-such-dataset' (split 'test') from the Hugging Face hub" \
+        in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_tasks_check_passes_the_builtin_tasks_and_flags_each_pitfall(tmp_path):

@@ -95,6 +95,9 @@ class SWEEnv(SandboxEnv):
         for name, value in (("grade_in_place", grade_in_place), ("reference_check", reference_check)):
             if not isinstance(value, bool):
                 raise gym.error.Error(f"{name} must be True or False, not {value!r}")
+        for name, value in (("split", split), ("image_prefix", image_prefix), ("dataset", dataset)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise gym.error.Error(f"{name} must be a non-empty string or None, not {value!r}")
         self._tasks = tasks if isinstance(tasks, dict) else \
             load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
         self.runtime = runtime
