@@ -20,7 +20,7 @@ import pytest
 import orchard_gym  # noqa: F401 - registers the env ids
 from components import require_module
 from conftest import REPO, needs
-from orchard_gym.envs.swe.datasets import TaskFormatError, swebench_image
+from orchard_gym.envs.swe.datasets import TaskFormatError, kind_for_source, swebench_image
 from orchard_gym.envs.swe.tasks import load_tasks
 
 LAYOUT_TASK = "semver-3.0.2"
@@ -121,6 +121,11 @@ def test_each_datasets_schema_and_image_rule(tmp_path):
     assert (s.dataset, s.patch, s.bug_patch) == ("swe-smith", "", smith["patch"])
     assert s.image == "localhost/mirror/swesmith.x86_64.pandas-dev_1776_pandas.95280573"
     assert swebench_image("sympy__sympy-20590") == "swebench/sweb.eval.x86_64.sympy_1776_sympy-20590:latest"
+    # a hub name implies its schema; a local file's name does not
+    assert [kind_for_source(n) for n in ("SWE-Gym/SWE-Gym", "swe-rebench", "SWE-bench/SWE-bench_Verified")] == \
+        ["swe-gym", "swe-rebench", None]
+    named = write_jsonl(tmp_path / "swe-gym-like-name.jsonl", [SWEBENCH_RECORD])
+    assert load_tasks(named)["astropy__astropy-12907"].dataset == "swe-bench"
 
 
 def test_eval_script_comes_from_swebench_make_test_spec():

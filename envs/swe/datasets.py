@@ -156,10 +156,16 @@ def detect_kind(record: dict, hint: str | None = None) -> str:
 
 
 def kind_for_source(source: str | Path) -> str | None:
+    """The schema a hub dataset name implies (SWE-Gym's records look like SWE-bench's but
+    their images are named differently); None for a local path or an unknown name."""
+    if Path(source).exists():
+        return None
     name = HUB_ALIASES.get(str(source).lower(), str(source)).lower()
-    return {"swe-gym/": "swe-gym", "nebius/": "swe-rebench", "r2e-gym/": "r2e-gym",
-            "swe-smith": "swe-smith"}.get(next((k for k in ("swe-gym/", "nebius/", "r2e-gym/", "swe-smith")
-                                                if k in name), ""))
+    for owner, kind in (("swe-gym/", "swe-gym"), ("nebius/", "swe-rebench"), ("r2e-gym/", "r2e-gym"),
+                        ("swe-bench/swe-smith", "swe-smith")):
+        if name.startswith(owner):
+            return kind
+    return None
 
 
 def swebench_image(instance_id: str, namespace: str = "swebench") -> str:
