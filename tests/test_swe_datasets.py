@@ -140,6 +140,16 @@ def test_eval_script_comes_from_swebench_make_test_spec():
     assert "SWEBENCH_TEST_EXIT_CODE=$?\n: '>>>>> End Test Output'\necho \">>>>> Test Exit Code: " in script
     assert "source /opt/miniconda3/bin/activate\nconda activate testbed\ncd /testbed" in script
     assert task.test_patch.splitlines()[0] in script
+    # a record with a test command only (SWE-rebench): a script of the same shape; with neither: refused
+    rebench = {**SWEBENCH_RECORD, "docker_image": "swerebench/x", "install_config": {"test_cmd": "pytest -rA -x"}}
+    rb = load_tasks_from_records([rebench], None)["astropy__astropy-12907"]
+    script = eval_script(rb)
+    start, end = script.index(">>>>> Start Test Output"), script.index(">>>>> End Test Output")
+    assert "pytest -rA -x" in script[start:end] and "git apply --verbose --reject -" in script[:start]
+    assert f"git checkout {SWEBENCH_RECORD['base_commit']} -- astropy/modeling/tests/test_separable.py" in script
+    bare = load_tasks_from_records([{**SWEBENCH_RECORD, "instance_id": "a__b-1"}], None)["a__b-1"]
+    with pytest.raises(ValueError, match="ships neither an eval_script nor a test_cmd"):
+        eval_script(bare)
 
 
 def load_tasks_from_records(records, prefix, tmp=None):
