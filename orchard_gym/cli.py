@@ -399,5 +399,9 @@ def plot_cmd(run_dir, out) -> None:
         raise click.ClickException(str(e)) from None
 
 
+from .cli_view import view_cmd  # noqa: E402
+
+main.add_command(view_cmd)
+
 if __name__ == "__main__":
     main()
