@@ -23,6 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from orchard_gym.client import AsyncSandboxClient
+from orchard_gym.images import is_image_observation, observation_parts, observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
@@ -51,6 +52,19 @@ def observation_message(assistant: dict, observation: str) -> dict:
     return {"role": "user", "content": observation}
 
 
+def observation_messages(assistant: dict, observation: Any) -> list[dict]:
+    """The env's answer as chat messages. An image observation (`{"screenshot", "text"}`) comes as
+    OpenAI content parts; after a tool call its text is the tool result and the image follows in a
+    user message (chat APIs take images from users only)."""
+    if not is_image_observation(observation):
+        return [observation_message(assistant, observation_text(observation))]
+    parts = observation_parts(observation)
+    if not assistant.get("tool_calls"):
+        return [{"role": "user", "content": parts}]
+    return [observation_message(assistant, observation_text(observation)),
+            {"role": "user", "content": [p for p in parts if p["type"] != "text"]}]
+
+
 async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = None, *, seed: int | None = None,
                       record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT) -> Trajectory:
     """One episode from reset to the end; infrastructure failures end up in `trajectory.error`."""
@@ -59,7 +73,8 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
     except Exception as e:  # could not even start: a failed trajectory, never a crash of the batch
         return Trajectory(env_id=env.env_id, task_id=task_id or "?", error=f"reset failed: {type(e).__name__}: {e}",
                           ended_at=time.time())
-    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs}]
+    env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
+    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
@@ -76,7 +91,7 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
         if prompt is not None:
             env.trajectory.turns[-1].messages = prompt
         assistant = assistant_message(action)
-        messages += [assistant, observation_message(assistant, obs)]
+        messages += [assistant, *observation_messages(assistant, obs)]
         done = terminated or truncated
     return env.trajectory
 
