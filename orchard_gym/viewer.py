@@ -205,19 +205,20 @@ def turn_html(turn: dict, images: _Images) -> str:
     if turn.get("exit_code") is not None:
         facts.append(f'exit <b class="{"ok" if turn["exit_code"] == 0 else "bad"}">{esc(turn["exit_code"])}</b>')
     facts.append(f"{float(turn.get('duration') or 0):.2f}s")
+    shots = []
+    for shot in turn_screenshots(turn):
+        src = images.src(shot)
+        shots.append(f'<img class="shot" src="{esc(src)}" alt="screenshot after turn {esc(turn.get("index"))}">'
+                     if src else '<div class="error">(a screenshot that is not a PNG/JPEG/GIF/WebP image)</div>')
     parts = [f'<div class="turn"><div class="facts">{" · ".join(facts)}</div>',
              '<div class="cols"><div><h4>action</h4>', _action_html(turn), "</div>",
-             "<div><h4>observation</h4>", pre(_observation_text(turn)), "</div></div>"]
+             "<div><h4>observation</h4>", pre(_observation_text(turn)), *shots, "</div></div>"]
     if turn.get("command"):
         command = turn["command"]
         shown = " ".join(command) if isinstance(command, list) else command
         parts.append(f'<details><summary>command</summary>{pre(shown)}</details>')
     if turn.get("error"):
         parts.append(f'<div class="error">error: {esc(turn["error"])}</div>')
-    for shot in turn_screenshots(turn):
-        src = images.src(shot)
-        parts.append(f'<img class="shot" src="{esc(src)}" alt="screenshot after turn {esc(turn.get("index"))}">'
-                     if src else '<div class="error">(a screenshot that is not a PNG/JPEG/GIF/WebP image)</div>')
     if turn.get("messages"):
         parts.append(f'<details><summary>prompt ({len(turn["messages"])} messages)</summary>'
                      f'{pre(_messages_text(turn["messages"]))}</details>')
