@@ -16,7 +16,7 @@ built from our `rollout_func` (TRL's own image handling only covers dataset prom
 its tool loop).
 
     from orchard_gym.algos.vision import build_tiny_vlm
-    model, processor = build_tiny_vlm(corpus, out_dir="runs/tiny-vlm")   # offline, ~150k parameters
+    model, processor = build_tiny_vlm(corpus, out_dir="runs/tiny-vlm")   # offline, ~120k parameters
 """
 
 from __future__ import annotations
