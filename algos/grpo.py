@@ -198,6 +198,7 @@ class AgentRolloutFunc:
                                     drop_over_budget=args.drop_over_budget, max_context=max_context)
         self.pending_stats: list[dict] = []
         self.last_slots: list[SlotResult] = []
+        self.trajectories_path: Path | None = None  # append every step's episodes here (JSONL) if set
         self.__name__ = "agent_rollout"
 
     # ------------------------------------------------------------------ TRL entry point
@@ -224,6 +225,11 @@ class AgentRolloutFunc:
         seconds = time.monotonic() - started
         samples = [s for slot in slots for s in slot.samples]
         self.last_images = [s.images for s in samples]  # for VisionGRPOTrainer's loss pass
+        if self.trajectories_path is not None:  # the step's episodes, for `orchard view`
+            with open(self.trajectories_path, "a") as f:
+                for s in samples:
+                    s.trajectory.metadata.update(step=step, excluded=s.excluded)
+                    f.write(s.trajectory.model_dump_json() + "\n")
         self.pending_stats.append(self._stats(slots, max_steps, seconds, step))
         spent = [r for slot in slots for _, o in slot.attempts for r in o.rollouts]
         failed = [r for r in spent if r.trajectory.error]
@@ -461,8 +467,8 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
 
 def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int, learning_rate: float = 1e-6,
           save: bool = True, **config_overrides) -> dict:
-    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, the model in
-    OUTPUT_DIR/final. Returns the summary."""
+    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, every episode in
+    OUTPUT_DIR/trajectories.jsonl (`orchard view` it), the model in OUTPUT_DIR/final. Returns the summary."""
     from .vision import load_policy
 
     out = Path(output_dir)
@@ -474,6 +480,8 @@ def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int
     tokenizer, policy = load_policy(model)  # a tokenizer and a causal LM, or a processor and a VLM
     config = make_grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
     trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
+    rollout.trajectories_path = out / "trajectories.jsonl"
+    rollout.trajectories_path.unlink(missing_ok=True)
     try:
         result = trainer.train()
     finally:
