@@ -23,8 +23,9 @@ from .errors import InvalidRequest
 IMAGE_KEYS = ("screenshot", "image")
 
 
-def encode_png(array: Any, level: int = 6) -> bytes:
-    """An (H, W, 3) or (H, W, 4) uint8 array (or (H, W) grey) -> PNG bytes."""
+def encode_png(array: Any, level: int = 1) -> bytes:
+    """An (H, W, 3) or (H, W, 4) uint8 array (or (H, W) grey) -> PNG bytes. zlib level 1: a
+    1280×720 screen in ~70 ms here, 10% larger than level 6, which takes 8× as long."""
     import numpy as np
 
     a = np.asarray(array)
