@@ -22,7 +22,6 @@ import binascii
 import hashlib
 import html
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -363,14 +362,13 @@ def render(name: str, episodes: list[dict], images: _Images) -> str:
 
 
 def write_report(run: str | Path, out: str | Path | None = None) -> Path:
-    """Read RUN (JSONL trajectories) and write OUT/index.html (+ OUT/images/). Returns the page's path."""
+    """Read RUN (JSONL trajectories) and write OUT/index.html (+ OUT/images/, named by content: files
+    already there are kept). Returns the page's path."""
     run = Path(run)
     episodes = load_run(run)
     out = Path(out) if out is not None else run.with_name(run.stem + "-view")
     if out.exists() and not out.is_dir():
         raise ViewerError(f"--out {out} exists and is not a folder")
-    if (out / "images").is_dir():
-        shutil.rmtree(out / "images")  # images of an earlier report of another run
     out.mkdir(parents=True, exist_ok=True)
     images = _Images(out, run.parent)
     page = out / "index.html"

@@ -20,7 +20,7 @@ torch = require_module("train", "torch")
 require_module("train", "trl")
 require_module("train", "PIL")
 
-from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
+from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, make_grpo_config  # noqa: E402
 from orchard_gym.algos.tiny import toy_corpus  # noqa: E402
 from orchard_gym.algos.vision import VisionChatRenderer, build_tiny_vlm, load_policy  # noqa: E402
@@ -70,6 +70,12 @@ def test_images_become_image_tokens_and_load_back(tiny_vlm):
     assert text.startswith("\n<|im_start|>user\n<tool_response>\n(no output)\n</tool_response><|im_end|>\n"
                            "<|im_start|>user\n<image>") and text.endswith("<|im_start|>assistant\n")
     assert obs.count(renderer.image_token_id) == TOKENS_PER_IMAGE and len(images) == 1
+    # a text-only renderer refuses pictures instead of dropping them; a VLM takes data URLs only
+    with pytest.raises(ValueError, match="need a vision-language processor"):
+        ChatRenderer(processor.tokenizer).observation(call, observation_messages(call, red))
+    with pytest.raises(ValueError, match="base64 data URLs only"):
+        renderer.observation(call, [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}}]}])
     loaded_processor, loaded = load_policy(str(path))  # a saved VLM folder loads as processor + VLM
     assert type(loaded).__name__ == "LlavaForConditionalGeneration"
     assert loaded_processor.tokenizer.convert_tokens_to_ids("<image>") == renderer.image_token_id
