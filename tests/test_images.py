@@ -137,3 +137,19 @@ def test_openai_policy_sends_screenshots(proxy, local_root):
     assert calls[0]["message"]["content"] == f"images: 1; {_seen(url)}"  # the upstream got it byte for byte
     assert calls[1]["message"]["content"].startswith("images: 2; ")  # the first one and the one after step 1
     assert second[-1]["role"] == "user" and second[-1]["content"][0]["text"].startswith("Error: no action found")
+
+
+def test_colour_env_is_a_clean_gymnasium_env(local_root):
+    from gymnasium.utils.env_checker import check_env
+
+    env = ColourEnv(backend={"type": "local", "root": str(local_root), "isolation": "none"})
+    try:
+        check_env(env, skip_render_check=True)
+        obs, _ = env.reset(options={"task_id": "colour-yellow"})
+        assert obs in env.observation_space and tuple(obs["screenshot"][28, 28]) == COLOURS["yellow"]
+        env.step({"name": "bash", "arguments": {"command": "echo yellow > answer.txt"}})
+        obs, reward, terminated, _, _ = env.step({"name": "submit", "arguments": {}})
+        assert reward == 1.0 and terminated and obs in env.observation_space
+        assert np.array_equal(decode(env.trajectory.turns[0].screenshot), obs["screenshot"])
+    finally:
+        env.close()
