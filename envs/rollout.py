@@ -29,6 +29,9 @@ from orchard_gym.trajectory import Trajectory
 from .base import SandboxEnv
 
 Policy = Callable[[list[dict], list[dict]], Awaitable[Any]]
+# (trajectory, turn index or -1 for the first observation, image array) -> what to keep in the trajectory
+# (a path relative to the trajectories file, or a data URL); see orchard_gym.images.ScreenshotFiles
+ScreenshotSink = Callable[[Trajectory, int, Any], str]
 SYSTEM_PROMPT = ("You are an autonomous agent working in a sandbox. Act with the tools you are given, one call "
                  "per turn, and call submit when you are done.")
 
@@ -66,7 +69,8 @@ def observation_messages(assistant: dict, observation: Any) -> list[dict]:
 
 
 async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = None, *, seed: int | None = None,
-                      record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT) -> Trajectory:
+                      record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT,
+                      screenshots: ScreenshotSink | None = None) -> Trajectory:
     """One episode from reset to the end; infrastructure failures end up in `trajectory.error`."""
     try:
         obs, info = await env.areset(seed=seed, options={"task_id": task_id} if task_id else None)
@@ -74,6 +78,8 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
         return Trajectory(env_id=env.env_id, task_id=task_id or "?", error=f"reset failed: {type(e).__name__}: {e}",
                           ended_at=time.time())
     env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
+    if screenshots is not None and is_image_observation(obs):
+        env.trajectory.metadata["screenshot"] = screenshots(env.trajectory, -1, obs.get("screenshot"))
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
@@ -90,6 +96,9 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
         obs, reward, terminated, truncated, info = await env.astep(action)
         if prompt is not None:
             env.trajectory.turns[-1].messages = prompt
+        turn = env.trajectory.turns[-1] if env.trajectory.turns else None
+        if screenshots is not None and turn is not None and turn.screenshot is None and is_image_observation(obs):
+            turn.screenshot = screenshots(env.trajectory, turn.index, obs.get("screenshot"))
         assistant = assistant_message(action)
         messages += [assistant, *observation_messages(assistant, obs)]
         done = terminated or truncated
@@ -98,7 +107,7 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
 
 async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], policy: Policy,
                        task_ids: Sequence[str], *, concurrency: int = 8, client: AsyncSandboxClient | None = None,
-                       progress: bool = True, record_messages: bool = False,
+                       progress: bool = True, record_messages: bool = False, screenshots: ScreenshotSink | None = None,
                        on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Run one episode per task id (repeat ids for several samples), `concurrency` at a time.
     Results come back in the order of `task_ids`."""
@@ -113,7 +122,8 @@ async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], pol
         async with gate:
             env = make_env(client)
             try:
-                trajectory = await run_episode(env, policy, task_id, record_messages=record_messages)
+                trajectory = await run_episode(env, policy, task_id, record_messages=record_messages,
+                                               screenshots=screenshots)
             finally:
                 await env.aclose()
         bar.update(1)

@@ -186,6 +186,9 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    from .images import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
+
+    screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
     async def run():
         client = AsyncSandboxClient(**_backend_kwargs(backend, api_key))
@@ -199,7 +202,7 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
 
             try:
                 return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,
-                                          on_done=write)
+                                          on_done=write, screenshots=screenshots)
             finally:
                 await client.aclose()
                 if hasattr(agent, "aclose"):

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import base64
 import io
+import os
 import struct
 import zlib
+from pathlib import Path
 from typing import Any
 
 from .errors import InvalidRequest
@@ -113,3 +115,19 @@ def image_arrays(content: Any) -> list[Any]:
 
             out.append(np.asarray(Image.open(io.BytesIO(base64.b64decode(payload))).convert("RGB")))
     return out
+
+
+class ScreenshotFiles:
+    """A screenshot sink for `run_episode(screenshots=...)`: writes each image observation as a
+    PNG under `folder` (one subfolder per episode) and returns its path relative to `base`
+    (the trajectories file's folder), which `orchard view` reads back."""
+
+    def __init__(self, folder: str | Path, base: str | Path):
+        self.folder, self.base = Path(folder), Path(base)
+
+    def __call__(self, trajectory: Any, turn: int, image: Any) -> str:
+        episode = self.folder / f"{trajectory.task_id}-{trajectory.sandbox_id or id(trajectory)}".replace("/", "_")
+        episode.mkdir(parents=True, exist_ok=True)
+        path = episode / ("reset.png" if turn < 0 else f"turn-{turn:03d}.png")
+        path.write_bytes(encode_png(image))
+        return os.path.relpath(path, self.base)

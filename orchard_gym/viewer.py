@@ -273,6 +273,10 @@ def episode_html(n: int, ep: dict, images: _Images) -> str:
     task = _task_text(ep)
     if task:
         parts.append(f"<h3>task</h3>{pre(task)}")
+    first = (ep.get("metadata") or {}).get("screenshot")  # the first observation's picture
+    src = images.src(first) if first else None
+    if src:
+        parts.append(f'<img class="shot" src="{esc(src)}" alt="the first screenshot">')
     if ep.get("error"):
         parts.append(f'<div class="error">{label}: {esc(ep["error"])}</div>')
     parts.append("".join(turn_html(t, images) for t in ep.get("turns") or []))
@@ -282,7 +286,7 @@ def episode_html(n: int, ep: dict, images: _Images) -> str:
         parts.append("<h3>report</h3>" + _report_table(report))
         if isinstance(patch, str) and patch:
             parts.append("<h3>submitted patch</h3>" + diff_html(patch))
-    metadata = {k: v for k, v in (ep.get("metadata") or {}).items() if k != "task"}
+    metadata = {k: v for k, v in (ep.get("metadata") or {}).items() if k not in ("task", "screenshot")}
     if metadata:
         parts.append(f"<details><summary>metadata</summary>{pre(metadata)}</details>")
     parts.append("</section>")

@@ -150,6 +150,5 @@ def test_colour_env_is_a_clean_gymnasium_env(local_root):
         env.step({"name": "bash", "arguments": {"command": "echo yellow > answer.txt"}})
         obs, reward, terminated, _, _ = env.step({"name": "submit", "arguments": {}})
         assert reward == 1.0 and terminated and obs in env.observation_space
-        assert np.array_equal(decode(env.trajectory.turns[0].screenshot), obs["screenshot"])
     finally:
         env.close()

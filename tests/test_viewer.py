@@ -1,6 +1,6 @@
 """`orchard view`: the HTML report of a run, rendered by a real Chromium.
 
-One real Toy episode (oracle, local backend) from `orchard eval`, plus SWE-, Claw- and
+One real ToyColour episode (oracle, local backend, image observations) from `orchard eval`, plus SWE-, Claw- and
 GUI-shaped trajectories (a patch report, a Claw report, a screenshot) in the same file:
 the page is dumped (DOM text) and screenshotted by headless Chromium and checked for
 their content; a `<script>` in an observation must stay text.
@@ -86,8 +86,8 @@ def report(tmp_path_factory):
     folder = tmp_path_factory.mktemp("view")
     run = folder / "run.jsonl"
     with tempfile.TemporaryDirectory(prefix="og-view-", dir="/tmp") as root:  # short: unix socket paths
-        toy = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--env", "Orchard/Toy-v0",
-                              "--policy", "oracle", "-n", "1", "--out", str(run)],
+        toy = subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--env", "Orchard/ToyColour-v0",
+                              "--policy", "oracle", "--task-id", "colour-red", "--out", str(run)],
                              capture_output=True, text=True, timeout=300, env={**os.environ, "ORCHARD_LOCAL_ROOT": root})
     assert toy.returncode == 0, toy.stderr[-2000:]
     with run.open("a") as f:
@@ -109,7 +109,7 @@ def test_report_shows_every_env(report):
     dom, toy = report["dom"], report["toy"]
     assert "resolved" in dom and "5/5" not in dom and "episodes" in dom
     assert "3/5 (60.0%)" in dom  # toy (oracle), SWE, GUI resolved; Claw unresolved; one broken task
-    # the real Toy episode: its task, its bash command and the submit
+    # the real ToyColour episode: its task, its bash command and the submit
     assert toy["task_id"] in dom and toy["turns"][0]["arguments"]["command"].split()[0] in dom
     assert toy["metadata"]["task"].endswith("Then call submit.") and html.escape(toy["metadata"]["task"], quote=False) in dom
     assert ">submit<" in dom
@@ -118,9 +118,13 @@ def test_report_shows_every_env(report):
     assert '<span class="del">-    return a - b</span>' in dom
     assert "robustness" in dom and "claw-mail-007" in dom and "no action found" in dom
     assert "broken task" in dom and "grading: no tests named" in dom
+    # screenshots: the real episode's (PNG files `orchard eval` wrote next to the run) and the GUI one's
+    shots = sorted((report["run"].parent / "run-screenshots").rglob("*.png"))
+    assert [p.name for p in shots] == ["reset.png", "turn-000.png", "turn-001.png"]
+    assert toy["metadata"]["screenshot"].startswith("run-screenshots/colour-red-")
     images = list((report["page"].parent / "images").iterdir())
-    assert len(images) == 1 and images[0].read_bytes().startswith(b"\x89PNG")
-    assert f'src="images/{images[0].name}"' in dom
+    assert len(images) == 2 and all(i.read_bytes().startswith(b"\x89PNG") for i in images)  # same picture once
+    assert sorted(dom.count(f'src="images/{i.name}"') for i in images) == [1, 3]  # GUI; colour: reset + 2 turns
 
 
 def test_untrusted_text_stays_text(report):

@@ -4,8 +4,8 @@ Each observation is `{"screenshot": (H, W, 3) uint8, "text": str}`, the shape of
 env's: the screenshot is a square of one colour, the text says "write the colour's name
 into answer.txt". The episode runs in a real sandbox like Orchard/Toy-v0 (bash, submit;
 a check command grades it), so it exercises the image path of policies and trainers
-(OpenAI `image_url` parts, vision-language GRPO, `orchard view`) in seconds. Each turn
-keeps its screenshot in the trajectory (`Turn.screenshot`, a data URL).
+(OpenAI `image_url` parts, vision-language GRPO, `orchard view`: `orchard eval` keeps each
+screenshot as a PNG next to the trajectories) in seconds.
 
     from orchard_gym.envs.toy.colour import ColourEnv
     env = ColourEnv(backend={"type": "local"})
@@ -20,8 +20,6 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
-
-from orchard_gym.images import data_url
 
 from ..spaces import UnicodeText
 from .env import ToyEnv, ToyTask
@@ -67,7 +65,4 @@ class ColourEnv(ToyEnv):
 
     async def astep(self, action: Any):
         text, reward, terminated, truncated, info = await super().astep(action)
-        picture = self._picture()
-        if self.trajectory.turns:  # kept in the trajectory for `orchard view`
-            self.trajectory.turns[-1].screenshot = data_url(picture)
-        return {"screenshot": picture, "text": text}, reward, terminated, truncated, info
+        return {"screenshot": self._picture(), "text": text}, reward, terminated, truncated, info
