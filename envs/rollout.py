@@ -23,6 +23,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from orchard_gym.client import AsyncSandboxClient
+from orchard_gym.errors import InvalidRequest
 from orchard_gym.images import is_image_observation, observation_parts, observation_text
 from orchard_gym.trajectory import Trajectory
 
@@ -68,6 +69,15 @@ def observation_messages(assistant: dict, observation: Any) -> list[dict]:
             {"role": "user", "content": [p for p in parts if p["type"] != "text"]}]
 
 
+def _keep(screenshots: ScreenshotSink, trajectory: Trajectory, index: int, obs: dict) -> str | None:
+    """A screenshot kept for the record; one that cannot be kept is noted, the episode goes on."""
+    try:
+        return screenshots(trajectory, index, obs.get("screenshot"))
+    except Exception as e:  # noqa: BLE001 - a record-keeping failure must not end the episode
+        trajectory.metadata.setdefault("screenshot_errors", []).append(f"turn {index}: {type(e).__name__}: {e}")
+        return None
+
+
 async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = None, *, seed: int | None = None,
                       record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT,
                       screenshots: ScreenshotSink | None = None) -> Trajectory:
@@ -79,7 +89,7 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
                           ended_at=time.time())
     env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
     if screenshots is not None and is_image_observation(obs):
-        env.trajectory.metadata["screenshot"] = screenshots(env.trajectory, -1, obs.get("screenshot"))
+        env.trajectory.metadata["screenshot"] = _keep(screenshots, env.trajectory, -1, obs)
     messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
@@ -98,9 +108,14 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
             env.trajectory.turns[-1].messages = prompt
         turn = env.trajectory.turns[-1] if env.trajectory.turns else None
         if screenshots is not None and turn is not None and turn.screenshot is None and is_image_observation(obs):
-            turn.screenshot = screenshots(env.trajectory, turn.index, obs.get("screenshot"))
+            turn.screenshot = _keep(screenshots, env.trajectory, turn.index, obs)
         assistant = assistant_message(action)
-        messages += [assistant, *observation_messages(assistant, obs)]
+        try:
+            messages += [assistant, *observation_messages(assistant, obs)]
+        except InvalidRequest as e:  # the env answered with something no policy can be shown
+            env.trajectory.error = f"observation failed: {e}"
+            env.trajectory.ended_at = time.time()
+            break
         done = terminated or truncated
     return env.trajectory
 

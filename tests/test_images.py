@@ -152,3 +152,31 @@ def test_colour_env_is_a_clean_gymnasium_env(local_root):
         assert reward == 1.0 and terminated and obs in env.observation_space
     finally:
         env.close()
+
+
+def test_a_garbled_screenshot_is_noted_and_ends_only_its_episode(local_root, tmp_path):
+    from orchard_gym.client import AsyncSandboxClient
+    from orchard_gym.envs.toy.env import ToyOraclePolicy
+    from orchard_gym.images import ScreenshotFiles
+
+    class Garbled(ColourEnv):
+        async def astep(self, action):
+            obs, *rest = await super().astep(action)
+            if self.task.task_id == "colour-red":
+                obs = {**obs, "screenshot": np.zeros((2, 2), np.float64)}  # not an image
+            return obs, *rest
+
+    async def run():
+        async with AsyncSandboxClient(backend={"type": "local", "root": str(local_root), "isolation": "none"}) as c:
+            return await run_episodes(lambda c: Garbled(client=c), ToyOraclePolicy(), ["colour-red", "colour-blue"],
+                                      client=c, progress=False,
+                                      screenshots=ScreenshotFiles(tmp_path / "shots", tmp_path))
+
+    bad, good = asyncio.run(run())
+    why = "an image must be uint8, not float64"
+    assert bad.error == f"observation failed: {why}" and bad.metadata["screenshot_errors"] == [
+        f"turn 0: InvalidRequest: {why}"] and bad.turns[0].screenshot is None
+    assert bad.metadata["screenshot"] == f"shots/colour-red-{bad.sandbox_id}/reset.png"  # the first one was fine
+    assert good.ok and good.reward == 1.0 and "screenshot_errors" not in good.metadata
+    assert [t.screenshot for t in good.turns] == [f"shots/colour-blue-{good.sandbox_id}/turn-00{i}.png" for i in (0, 1)]
+    assert np.array_equal(np.asarray(Image.open(tmp_path / good.turns[1].screenshot)), square(COLOURS["blue"], 56))
