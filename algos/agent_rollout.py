@@ -238,7 +238,7 @@ class BatchedGenerator:
                 kwargs["min_p"] = p.min_p
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
-        flat = [image for row in images or [] for image in row]  # in batch order: the model fills image tokens so
+        flat = [image for row in images or [] for image in row]  # row by row: the order the model fills image tokens
         if flat:
             kwargs["pixel_values"] = self.vision.pixel_values(flat).to(device, model.dtype)
             kwargs["suppress_tokens"] = [self.vision.image_token_id]  # a sampled image token has no pixels

@@ -199,6 +199,7 @@ class AgentRolloutFunc:
         self.pending_stats: list[dict] = []
         self.last_slots: list[SlotResult] = []
         self.trajectories_path: Path | None = None  # append every step's episodes here (JSONL) if set
+        self.last_images: list[list] = []  # per row of the last batch: its episode's images (vision policies)
         self.__name__ = "agent_rollout"
 
     # ------------------------------------------------------------------ TRL entry point

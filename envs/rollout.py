@@ -90,7 +90,11 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
     env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
     if screenshots is not None and is_image_observation(obs):
         env.trajectory.metadata["screenshot"] = _keep(screenshots, env.trajectory, -1, obs)
-    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
+    try:
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
+    except InvalidRequest as e:
+        env.trajectory.error, env.trajectory.ended_at = f"observation failed: {e}", time.time()
+        return env.trajectory
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
