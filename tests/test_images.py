@@ -166,13 +166,17 @@ def test_a_garbled_screenshot_is_noted_and_ends_only_its_episode(local_root, tmp
                 obs = {**obs, "screenshot": np.zeros((2, 2), np.float64)}  # not an image
             return obs, *rest
 
+        def first_observation(self, task):
+            return {"text": "no picture"} if task.task_id == "colour-green" else super().first_observation(task)
+
     async def run():
         async with AsyncSandboxClient(backend={"type": "local", "root": str(local_root), "isolation": "none"}) as c:
-            return await run_episodes(lambda c: Garbled(client=c), ToyOraclePolicy(), ["colour-red", "colour-blue"],
+            return await run_episodes(lambda c: Garbled(client=c), ToyOraclePolicy(), ["colour-red", "colour-blue", "colour-green"],
                                       client=c, progress=False,
                                       screenshots=ScreenshotFiles(tmp_path / "shots", tmp_path))
 
-    bad, good = asyncio.run(run())
+    bad, good, blind = asyncio.run(run())
+    assert blind.error == "observation failed: a dict observation needs a 'screenshot' (an image array) next to its 'text'"
     why = "an image must be uint8, not float64"
     assert bad.error == f"observation failed: {why}" and bad.metadata["screenshot_errors"] == [
         f"turn 0: InvalidRequest: {why}"] and bad.turns[0].screenshot is None
