@@ -106,8 +106,13 @@ def test_openai_client_images_through_the_proxy(proxy):
     streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
         model="stub-image", messages=messages, stream=True) if c.choices)
     assert streamed == out.choices[0].message.content
+    # the Responses API's input_image parts too
+    content = [{"type": "input_text", "text": "what is this?"}, {"type": "input_image", "image_url": urls[1]}]
+    response = client.responses.create(model="stub-image", input=[{"role": "user", "content": content}])
+    assert response.output_text == f"images: 1; {_seen(urls[1])}"
     calls = _record(proxy, rollout["rollout_id"])["calls"]
-    assert len(calls) == 2 and all(c["messages"] == messages and c["error"] is None for c in calls)
+    assert len(calls) == 3 and all(c["messages"] == messages and c["error"] is None for c in calls[:2])
+    assert calls[2]["messages"] == [{"role": "user", "content": content}] and calls[2]["error"] is None
 
 
 def test_openai_policy_sends_screenshots(proxy, local_root):

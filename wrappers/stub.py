@@ -66,8 +66,9 @@ def _images_seen(messages: list[dict]) -> str:
     seen = []
     for m in messages:
         for part in m.get("content") if isinstance(m.get("content"), list) else []:
-            if isinstance(part, dict) and part.get("type") == "image_url":
-                head, _, payload = str((part.get("image_url") or {}).get("url", "")).partition(",")
+            if isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):  # chat / Responses API
+                url = part.get("image_url")
+                head, _, payload = str(url.get("url", "") if isinstance(url, dict) else url or "").partition(",")
                 data = base64.b64decode(payload) if ";base64" in head else payload.encode()
                 seen.append(f"{head[5:].split(';')[0]} {len(data)}B {hashlib.sha256(data).hexdigest()[:16]}")
     return f"images: {len(seen)}" + "".join(f"; {s}" for s in seen)
