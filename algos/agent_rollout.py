@@ -81,6 +81,30 @@ class ChatRenderer:
         text = self._render(messages, tools=tools if self.render_tools else None, add_generation_prompt=True)
         return self.encode(text)
 
+    def prompt(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list]:
+        """Prompt token ids and the images in the prompt (a text renderer has none)."""
+        return self.prompt_ids(messages, tools), []
+
+    def observation(self, assistant: dict, observations: list[dict]) -> tuple[list[int], list]:
+        """Tokens of the env's answer (one message, or a tool result and then a screenshot) and its images."""
+        if len(observations) == 1 and not isinstance(observations[0].get("content"), list):
+            return self.observation_ids(assistant, observations[0]), []
+        if any(isinstance(m.get("content"), list) for m in observations):
+            raise ValueError("image observations need a vision-language processor, not a tokenizer")
+        return self.encode(self.observation_suffix(assistant, observations)), []
+
+    def observation_suffix(self, assistant: dict, observations: list[dict]) -> str:
+        """The template's text after the assistant's eos token: the observation messages and the
+        next generation prompt (rendered as they are, no cache)."""
+        dummy = [{"role": "user", "content": "x"}, _dummy_assistant(assistant)]
+        before = self._render(dummy)
+        after = self._render(dummy + observations, add_generation_prompt=True)
+        if not after.startswith(before):
+            raise ValueError("the chat template is not prefix-preserving: rendering an observation changes "
+                             "the text before it, so turns cannot be appended token by token")
+        cut = before.rfind(self.tokenizer.eos_token)
+        return before[cut + len(self.tokenizer.eos_token):] + after[len(before):]
+
     def observation_ids(self, assistant: dict, observation: dict) -> list[int]:
         """Tokens that follow the assistant's end-of-turn token: the observation turn and the
         next generation prompt."""
@@ -127,8 +151,9 @@ class BatchedGenerator:
     active episodes to ask too; the batch then runs on a worker thread."""
 
     def __init__(self, model_getter: Callable[[], Any], tokenizer, params: SamplingParams,
-                 stop_ids: Sequence[int] | None = None):
+                 stop_ids: Sequence[int] | None = None, vision: Any = None):
         self.model_getter = model_getter
+        self.vision = vision  # a VisionChatRenderer: turns episodes' images into pixel values
         self.tokenizer = tokenizer
         self.params = params
         ids = set(stop_ids or [])
@@ -136,7 +161,7 @@ class BatchedGenerator:
         self.stop_ids = sorted(i for i in ids if i is not None)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.active = 0
-        self._pending: list[tuple[list[int], int, asyncio.Future]] = []
+        self._pending: list[tuple[list[int], int, asyncio.Future, list]] = []
         self._event: asyncio.Event | None = None
         self._worker: asyncio.Task | None = None
         self.calls = 0
@@ -146,10 +171,10 @@ class BatchedGenerator:
     def reset_stats(self) -> None:
         self.calls, self.generated_tokens, self.seconds = 0, 0, 0.0
 
-    async def generate(self, ids: list[int], max_new: int) -> tuple[list[int], list[float], bool]:
+    async def generate(self, ids: list[int], max_new: int, images: list | None = None) -> tuple[list[int], list[float], bool]:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._pending.append((list(ids), int(max_new), future))
+        self._pending.append((list(ids), int(max_new), future, list(images or [])))
         if self._event is None:
             self._event = asyncio.Event()
         self._event.set()
@@ -176,20 +201,21 @@ class BatchedGenerator:
                 continue
             started = time.monotonic()
             try:
-                results = await run_in_thread(self._generate_batch, [b[0] for b in batch], [b[1] for b in batch])
+                results = await run_in_thread(self._generate_batch, [b[0] for b in batch], [b[1] for b in batch],
+                                              [b[3] for b in batch])
             except BaseException as e:  # noqa: BLE001 - handed to every waiting episode
-                for _, _, future in batch:
+                for _, _, future, _ in batch:
                     if not future.done():
                         future.set_exception(e)
                 continue
             self.calls += 1
             self.seconds += time.monotonic() - started
-            for (_, _, future), result in zip(batch, results, strict=True):
+            for (_, _, future, _), result in zip(batch, results, strict=True):
                 self.generated_tokens += len(result[0])
                 if not future.done():
                     future.set_result(result)
 
-    def _generate_batch(self, prompts: list[list[int]], max_news: list[int]):
+    def _generate_batch(self, prompts: list[list[int]], max_news: list[int], images: list[list] | None = None):
         import torch
 
         model = self.model_getter()
@@ -212,6 +238,10 @@ class BatchedGenerator:
                 kwargs["min_p"] = p.min_p
         else:
             kwargs.update(temperature=None, top_p=None, top_k=None)
+        flat = [image for row in images or [] for image in row]  # row by row: the order the model fills image tokens
+        if flat:
+            kwargs["pixel_values"] = self.vision.pixel_values(flat).to(device, model.dtype)
+            kwargs["suppress_tokens"] = [self.vision.image_token_id]  # a sampled image token has no pixels
         was_training = model.training
         model.eval()
         try:
@@ -250,6 +280,7 @@ class AgentSample:
     excluded: str | None = None  # why it must not be trained on (an infrastructure error, an aborted budget)
     context_exhausted: bool = False
     seconds: float = 0.0
+    images: list = field(default_factory=list)  # the episode's images in token order (vision-language policies)
 
     @property
     def ok(self) -> bool:
@@ -280,6 +311,8 @@ class _EpisodePolicy:
         self.logprobs: list[float] = []
         self.ended = True
         self.context_exhausted = False
+        self.images: list = []
+        self.image_starts: list[int] = []  # completion offset of each image's observation (-1: in the prompt)
 
     def _extend(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.completion_ids += ids
@@ -290,9 +323,13 @@ class _EpisodePolicy:
         r = self.runner
         if self.prompt_ids is None:
             self.tool_names = [t["function"]["name"] for t in tools] or self.tool_names
-            self.prompt_ids = r.renderer.prompt_ids(messages, tools)
-        else:  # messages end with our last action and the env's answer to it
-            obs = r.renderer.observation_ids(messages[-2], messages[-1])
+            self.prompt_ids, self.images = r.renderer.prompt(messages, tools)
+            self.image_starts = [-1] * len(self.images)
+        else:  # messages end with our last action and the env's answer to it (one message or more)
+            last = max(i for i, m in enumerate(messages) if m["role"] == "assistant")
+            obs, images = r.renderer.observation(messages[last], messages[last + 1:])
+            self.image_starts += [len(self.completion_ids)] * len(images)
+            self.images += images
             self._extend(([r.renderer.eos_id] if not self.ended else []) + obs, 0)
         room = min(r.params.max_completion_tokens - len(self.completion_ids),
                    r.max_context - len(self.prompt_ids) - len(self.completion_ids))
@@ -302,7 +339,7 @@ class _EpisodePolicy:
                 return {"name": "submit", "arguments": {}}
             raise ContextExhausted("the episode's token budget is spent")
         ids, logprobs, self.ended = await r.generator.generate(self.prompt_ids + self.completion_ids,
-                                                               min(r.params.max_new_tokens, room))
+                                                               min(r.params.max_new_tokens, room), self.images)
         self._extend(ids, 1, logprobs)
         text = r.tokenizer.decode(ids, skip_special_tokens=True)
         return to_action(text, self.tool_names)
@@ -332,11 +369,14 @@ class EpisodeRunner:
                  render_tools: bool = True, chat_template_kwargs: dict | None = None, concurrency: int = 32,
                  drop_over_budget: bool = True, grace: float = 30.0, min_turn_tokens: int = 8,
                  max_context: int | None = None):
+        from .vision import VisionChatRenderer, make_renderer
+
         self.make_env = make_env
-        self.tokenizer = tokenizer
         self.params = params or SamplingParams()
-        self.renderer = ChatRenderer(tokenizer, render_tools=render_tools, chat_template_kwargs=chat_template_kwargs)
-        self.generator = BatchedGenerator(model_getter, tokenizer, self.params)
+        self.renderer = make_renderer(tokenizer, render_tools=render_tools, chat_template_kwargs=chat_template_kwargs)
+        self.tokenizer = self.renderer.tokenizer  # a vision-language processor's own tokenizer
+        vision = self.renderer if isinstance(self.renderer, VisionChatRenderer) else None
+        self.generator = BatchedGenerator(model_getter, self.tokenizer, self.params, vision=vision)
         self.client_kwargs = dict(client_kwargs or {})
         self.system_prompt = system_prompt
         self.concurrency = concurrency
@@ -401,6 +441,7 @@ class EpisodeRunner:
         # trailing observation tokens after the last action carry nothing: trim them
         while env_mask and env_mask[-1] == 0 and 1 in env_mask:
             completion_ids, env_mask, logprobs = completion_ids[:-1], env_mask[:-1], logprobs[:-1]
+        images = [im for im, at in zip(policy.images, policy.image_starts, strict=True) if at < len(completion_ids)]
         if not completion_ids:  # TRL needs at least one completion token; it is masked
             completion_ids, env_mask, logprobs = [self.renderer.eos_id], [0], [0.0]
         action_mask = list(env_mask)
@@ -410,7 +451,7 @@ class EpisodeRunner:
                            completion_ids=list(completion_ids), env_mask=list(env_mask), logprobs=list(logprobs),
                            action_mask=action_mask,
                            trajectory=trajectory, excluded=excluded, context_exhausted=policy.context_exhausted,
-                           seconds=time.monotonic() - started)
+                           seconds=time.monotonic() - started, images=images)
 
     async def run_many(self, task_ids: Sequence[str], max_steps: int,
                        max_seconds: float | None = None) -> list[AgentSample]:

@@ -198,6 +198,8 @@ class AgentRolloutFunc:
                                     drop_over_budget=args.drop_over_budget, max_context=max_context)
         self.pending_stats: list[dict] = []
         self.last_slots: list[SlotResult] = []
+        self.trajectories_path: Path | None = None  # append every step's episodes here (JSONL) if set
+        self.last_images: list[list] = []  # per row of the last batch: its episode's images (vision policies)
         self.__name__ = "agent_rollout"
 
     # ------------------------------------------------------------------ TRL entry point
@@ -223,6 +225,12 @@ class AgentRolloutFunc:
         self.last_slots = slots
         seconds = time.monotonic() - started
         samples = [s for slot in slots for s in slot.samples]
+        self.last_images = [s.images for s in samples]  # for VisionGRPOTrainer's loss pass
+        if self.trajectories_path is not None:  # the step's episodes, for `orchard view`
+            with open(self.trajectories_path, "a") as f:
+                for s in samples:
+                    s.trajectory.metadata.update(step=step, excluded=s.excluded)
+                    f.write(s.trajectory.model_dump_json() + "\n")
         self.pending_stats.append(self._stats(slots, max_steps, seconds, step))
         spent = [r for slot in slots for _, o in slot.attempts for r in o.rollouts]
         failed = [r for r in spent if r.trajectory.error]
@@ -436,10 +444,14 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    from .vision import is_vision_processor, vision_trainer_class
+
     logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision-language processor's tokenizer
+    if text_tokenizer.pad_token is None:
+        text_tokenizer.pad_token = text_tokenizer.eos_token
+    model_config = getattr(model, "config", None)
+    max_context = getattr(getattr(model_config, "text_config", model_config), "max_position_embeddings", None)
     rollout = AgentRolloutFunc(args, tokenizer, make_env=make_env, task_ids=task_ids, max_context=max_context)
     ids = list(rollout.task_pool)
     while len(ids) < args.prompts_per_step:
@@ -448,16 +460,17 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     cbs = list(callbacks)
     if metrics_path is not None:
         cbs.append(MetricsCallback(metrics_path, rollout))
-    trainer = GRPOTrainer(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
-                          processing_class=tokenizer, rollout_func=rollout, callbacks=cbs)
+    trainer_class = vision_trainer_class() if is_vision_processor(tokenizer) else GRPOTrainer
+    trainer = trainer_class(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
+                            processing_class=tokenizer, rollout_func=rollout, callbacks=cbs)
     return trainer, rollout
 
 
 def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int, learning_rate: float = 1e-6,
           save: bool = True, **config_overrides) -> dict:
-    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, the model in
-    OUTPUT_DIR/final. Returns the summary."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, every episode in
+    OUTPUT_DIR/trajectories.jsonl (`orchard view` it), the model in OUTPUT_DIR/final. Returns the summary."""
+    from .vision import load_policy
 
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -465,10 +478,11 @@ def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int
     if metrics.exists():
         metrics.unlink()
     (out / "args.json").write_text(json.dumps(args.to_json(), indent=2, default=str))
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    policy = AutoModelForCausalLM.from_pretrained(model)
+    tokenizer, policy = load_policy(model)  # a tokenizer and a causal LM, or a processor and a VLM
     config = make_grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
     trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
+    rollout.trajectories_path = out / "trajectories.jsonl"
+    rollout.trajectories_path.unlink(missing_ok=True)
     try:
         result = trainer.train()
     finally:

@@ -23,11 +23,16 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from orchard_gym.client import AsyncSandboxClient
+from orchard_gym.errors import InvalidRequest
+from orchard_gym.images import is_image_observation, observation_parts, observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
 
 Policy = Callable[[list[dict], list[dict]], Awaitable[Any]]
+# (trajectory, turn index or -1 for the first observation, image array) -> what to keep in the trajectory
+# (a path relative to the trajectories file, or a data URL); see orchard_gym.images.ScreenshotFiles
+ScreenshotSink = Callable[[Trajectory, int, Any], str]
 SYSTEM_PROMPT = ("You are an autonomous agent working in a sandbox. Act with the tools you are given, one call "
                  "per turn, and call submit when you are done.")
 
@@ -51,15 +56,45 @@ def observation_message(assistant: dict, observation: str) -> dict:
     return {"role": "user", "content": observation}
 
 
+def observation_messages(assistant: dict, observation: Any) -> list[dict]:
+    """The env's answer as chat messages. An image observation (`{"screenshot", "text"}`) comes as
+    OpenAI content parts; after a tool call its text is the tool result and the image follows in a
+    user message (chat APIs take images from users only)."""
+    if not is_image_observation(observation):
+        return [observation_message(assistant, observation_text(observation))]
+    parts = observation_parts(observation)
+    if not assistant.get("tool_calls"):
+        return [{"role": "user", "content": parts}]
+    return [observation_message(assistant, observation_text(observation)),
+            {"role": "user", "content": [p for p in parts if p["type"] != "text"]}]
+
+
+def _keep(screenshots: ScreenshotSink, trajectory: Trajectory, index: int, obs: dict) -> str | None:
+    """A screenshot kept for the record; one that cannot be kept is noted, the episode goes on."""
+    try:
+        return screenshots(trajectory, index, obs.get("screenshot"))
+    except Exception as e:  # noqa: BLE001 - a record-keeping failure must not end the episode
+        trajectory.metadata.setdefault("screenshot_errors", []).append(f"turn {index}: {type(e).__name__}: {e}")
+        return None
+
+
 async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = None, *, seed: int | None = None,
-                      record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT) -> Trajectory:
+                      record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT,
+                      screenshots: ScreenshotSink | None = None) -> Trajectory:
     """One episode from reset to the end; infrastructure failures end up in `trajectory.error`."""
     try:
         obs, info = await env.areset(seed=seed, options={"task_id": task_id} if task_id else None)
     except Exception as e:  # could not even start: a failed trajectory, never a crash of the batch
         return Trajectory(env_id=env.env_id, task_id=task_id or "?", error=f"reset failed: {type(e).__name__}: {e}",
                           ended_at=time.time())
-    messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": obs}]
+    env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
+    if screenshots is not None and is_image_observation(obs):
+        env.trajectory.metadata["screenshot"] = _keep(screenshots, env.trajectory, -1, obs)
+    try:
+        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
+    except InvalidRequest as e:
+        env.trajectory.error, env.trajectory.ended_at = f"observation failed: {e}", time.time()
+        return env.trajectory
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
@@ -75,15 +110,23 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
         obs, reward, terminated, truncated, info = await env.astep(action)
         if prompt is not None:
             env.trajectory.turns[-1].messages = prompt
+        turn = env.trajectory.turns[-1] if env.trajectory.turns else None
+        if screenshots is not None and turn is not None and turn.screenshot is None and is_image_observation(obs):
+            turn.screenshot = _keep(screenshots, env.trajectory, turn.index, obs)
         assistant = assistant_message(action)
-        messages += [assistant, observation_message(assistant, obs)]
+        try:
+            messages += [assistant, *observation_messages(assistant, obs)]
+        except InvalidRequest as e:  # the env answered with something no policy can be shown
+            env.trajectory.error = f"observation failed: {e}"
+            env.trajectory.ended_at = time.time()
+            break
         done = terminated or truncated
     return env.trajectory
 
 
 async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], policy: Policy,
                        task_ids: Sequence[str], *, concurrency: int = 8, client: AsyncSandboxClient | None = None,
-                       progress: bool = True, record_messages: bool = False,
+                       progress: bool = True, record_messages: bool = False, screenshots: ScreenshotSink | None = None,
                        on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
     """Run one episode per task id (repeat ids for several samples), `concurrency` at a time.
     Results come back in the order of `task_ids`."""
@@ -98,7 +141,8 @@ async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], pol
         async with gate:
             env = make_env(client)
             try:
-                trajectory = await run_episode(env, policy, task_id, record_messages=record_messages)
+                trajectory = await run_episode(env, policy, task_id, record_messages=record_messages,
+                                               screenshots=screenshots)
             finally:
                 await env.aclose()
         bar.update(1)

@@ -193,6 +193,9 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
+    from .images import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
+
+    screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
     async def run():
         client = AsyncSandboxClient(**_backend_kwargs(backend, api_key))
@@ -206,7 +209,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
             try:
                 return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,
-                                          on_done=write)
+                                          on_done=write, screenshots=screenshots)
             finally:
                 await client.aclose()
                 if hasattr(agent, "aclose"):
@@ -409,6 +412,9 @@ def plot_cmd(run_dir, out) -> None:
 from .cli_tasks import tasks_group  # noqa: E402
 
 main.add_command(tasks_group)
+from .cli_view import view_cmd  # noqa: E402
+
+main.add_command(view_cmd)
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,7 @@ import gymnasium as gym
 ENVS = {
     "Orchard/SWE-v0": "orchard_gym.envs.swe.env:SWEEnv",
     "Orchard/Toy-v0": "orchard_gym.envs.toy.env:ToyEnv",
+    "Orchard/ToyColour-v0": "orchard_gym.envs.toy.colour:ColourEnv",
     "Orchard/Claw-v0": "orchard_gym.envs.claw.env:ClawEnv",
 }
 

@@ -23,6 +23,8 @@ class Turn(BaseModel):
     error: str | None = Field(None, description="why the action was refused (malformed, unknown tool, ...)")
     started_at: float = Field(default_factory=time.time)
     messages: list[dict[str, Any]] | None = Field(None, description="the prompt the policy saw, when recorded")
+    screenshot: str | None = Field(None, description="image observation after the step (GUI): a data: URL or a "
+                                   "path relative to the trajectories file; `orchard view` shows it")
 
 
 class Trajectory(BaseModel):

@@ -27,6 +27,7 @@ VARIANT_LIMIT = "variant limit: "
 
 # name -> what it is and how CI gets it
 COMPONENTS = {
+    "chromium": "Chromium (scripts/setup_system.sh): the GUI env, the trajectory viewer's page test",
     "bwrap": "bubblewrap, the local backend's namespaces (scripts/setup_system.sh)",
     "docker": "Podman's Docker API and the test images (scripts/podman_service.sh, build_test_images.sh, "
               "build_injector_image.sh)",

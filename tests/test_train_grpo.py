@@ -365,6 +365,8 @@ def test_cli_train_grpo_and_plot(tiny, local_root, tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["rollout/rollouts_per_prompt"] == 4  # nothing solved: budget spent
     assert (run_dir / "curves.png").exists()
+    view = CliRunner().invoke(main, ["view", str(run_dir / "trajectories.jsonl")])  # the step's episodes
+    assert view.exit_code == 0 and 'id="ep2"' in open(view.output.strip()).read(), view.output
     again = CliRunner().invoke(main, ["plot", str(run_dir), "--out", str(tmp_path / "c.png")])
     assert again.exit_code == 0 and (tmp_path / "c.png").exists()
     bad = CliRunner().invoke(main, ["train", "grpo", "--model", str(path), "--step-budget", "30@5"])

@@ -11,6 +11,7 @@ picks the behaviour:
 |---|---|
 | anything else | `echo: <last user text>` |
 | `stub-tool` | a call of the request's first tool with `{"echo": <last user text>}` |
+| `stub-image` | `images: N` and, per `image_url` part received, its media type, byte count and sha256 prefix |
 | `stub-500` / `stub-400` | an OpenAI-shaped error with that status |
 | `stub-garbage` | `200` with an HTML body |
 | `stub-shape` | `200` with JSON that is no completion |
@@ -25,6 +26,8 @@ picks the behaviour:
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import zlib
 
@@ -58,8 +61,23 @@ def _last_user_text(messages: list[dict]) -> str:
     return ""
 
 
+def _images_seen(messages: list[dict]) -> str:
+    """What the stub received as images: proves a proxy forwarded them byte for byte."""
+    seen = []
+    for m in messages:
+        for part in m.get("content") if isinstance(m.get("content"), list) else []:
+            if isinstance(part, dict) and part.get("type") in ("image_url", "input_image"):  # chat / Responses API
+                url = part.get("image_url")
+                head, _, payload = str(url.get("url", "") if isinstance(url, dict) else url or "").partition(",")
+                data = base64.b64decode(payload) if ";base64" in head else payload.encode()
+                seen.append(f"{head[5:].split(';')[0]} {len(data)}B {hashlib.sha256(data).hexdigest()[:16]}")
+    return f"images: {len(seen)}" + "".join(f"; {s}" for s in seen)
+
+
 def _answer(body: dict, messages: list[dict], tools: list[dict]) -> dict:
     text = _last_user_text(messages)
+    if body.get("model") == "stub-image":
+        return {"role": "assistant", "content": _images_seen(messages)}
     if body.get("model") == "stub-tool" and tools:
         name = tools[0].get("function", tools[0]).get("name", "tool")
         return {"role": "assistant", "content": None, "tool_calls": [{

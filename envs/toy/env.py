@@ -102,6 +102,10 @@ class ToyEnv(SandboxEnv):
     def __init__(self, *, kinds: Sequence[str] = KINDS, num_tasks: int = 24, seed: int = 0,
                  variety: int = len(NAMES), tasks: dict[str, ToyTask] | None = None, max_steps: int = 8,
                  exec_timeout: float = 30.0, **kwargs: Any):
+        if tasks == "builtin":  # what `orchard eval --tasks` passes by default
+            tasks = None
+        elif tasks is not None and not isinstance(tasks, dict):
+            raise ValueError("Toy tasks are a dict of task id -> ToyTask (or 'builtin')")
         self._tasks = tasks if tasks is not None else make_tasks(kinds, num_tasks, seed, variety)
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
@@ -131,6 +135,24 @@ class ToyEnv(SandboxEnv):
         passed = r.exit_code == 0
         return (1.0 if passed else 0.0), {"passed": passed, "check": task.check, "exit_code": r.exit_code,
                                           "output": (r.stdout + r.stderr)[-500:], "reward": 1.0 if passed else 0.0}
+
+    def oracle_policy(self) -> ToyOraclePolicy:
+        return ToyOraclePolicy()
+
+
+class ToyOraclePolicy:
+    """Runs the task's one-command solution, then submits (`orchard eval --policy oracle`)."""
+
+    def __init__(self, env: ToyEnv | None = None):
+        self.env = env
+
+    def bind(self, env: ToyEnv) -> ToyOraclePolicy:
+        return ToyOraclePolicy(env)
+
+    async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
+        if not any(m["role"] == "assistant" for m in messages):
+            return {"name": "bash", "arguments": {"command": self.env.task.solution}}
+        return {"name": "submit", "arguments": {}}
 
 
 def oracle_messages(task: ToyTask, system_prompt: str | None = None) -> list[dict]:
