@@ -165,12 +165,15 @@ class HarnessEnv(gym.Env):
                                      messages=call.messages, tools=call.tools, request=call.request)
 
     # ------------------------------------------------------------------ the harness in the sandbox
-    async def _launch(self, sandbox, ctx, task, venv) -> None:
+    async def _launch(self, sandbox, ctx, task, venv, npm=None) -> None:
         base = (sandbox.workdir or "/workspace").rstrip("/")
         hdir = f"{base}/.orchard-harness"
-        await sandbox.upload_content(self.harness.task_text(self.task_env, task), f"{hdir}/task.txt")
-        await sandbox.upload_content(self.harness.command + "\n", f"{hdir}/run.sh")
-        env = {**ctx.env, **self.harness.environment(hdir, str(venv) if venv else None),
+        h, npm_dir = self.harness, str(npm) if npm else None
+        await sandbox.upload_content(h.task_text(self.task_env, task), f"{hdir}/task.txt")
+        for i, text in enumerate(h.rendered_files(hdir, str(venv) if venv else None, npm_dir, self.model).values()):
+            await sandbox.upload_content(text, f"{hdir}/templates/{i}")
+        await sandbox.upload_content(h.launch_script(hdir, npm_dir), f"{hdir}/run.sh")
+        env = {**ctx.env, **h.environment(hdir, str(venv) if venv else None, npm_dir, self.model),
                "ORCHARD_HARNESS": self.rollout_id, "ORCHARD_HARNESS_DIR": hdir, "ORCHARD_TASK_FILE": f"{hdir}/task.txt",
                "ORCHARD_MODEL": self.model, "OPENAI_API_KEY": self.store.get(self.rollout_id).token}
         if venv:
@@ -308,6 +311,7 @@ class HarnessEnv(gym.Env):
         client = await te._get_client()
         await self._get_proxy()
         venv = await run_in_thread(self.harness.install)
+        npm = await run_in_thread(self.harness.install_npm)
         self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id, metadata={"harness": self.harness.name})
         self._started, self._done, self._pending, self._obs = time.monotonic(), False, None, ""
         rollout = self.store.open("policy", metadata={"env_id": self.env_id, "task_id": task_id,
@@ -319,7 +323,7 @@ class HarnessEnv(gym.Env):
             te.sandbox = await client.create_sandbox(image=te.image_for(task), block_network=self.network == "isolated")
             self.trajectory.sandbox_id = te.sandbox.sandbox_id
             te._ctx = await te.setup(te.sandbox, task)
-            await self._launch(te.sandbox, te._ctx, task, venv)
+            await self._launch(te.sandbox, te._ctx, task, venv, npm)
             kind, value = await self._next_event()
         except BaseException as e:
             await self._end(None, f"reset failed: {type(e).__name__}: {e}", truncated=True)

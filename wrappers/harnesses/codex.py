@@ -1,0 +1,45 @@
+"""OpenAI's Codex CLI (npm `@openai/codex`: a launcher and a static native binary),
+unchanged, `codex exec` (non-interactive), with the proxy as its model provider through its
+own config file (`$CODEX_HOME/config.toml`, wire_api = "responses": it streams the
+Responses API, with its `shell`/`exec_command` and `apply_patch` tools). Its own sandbox and
+approvals are off: it already runs inside the task's sandbox. The task text is its stdin."""
+
+from ..harness import Harness
+
+VERSION = "0.171.0"
+
+CONFIG = """\
+model = "{model}"
+model_provider = "orchard"
+approval_policy = "never"
+sandbox_mode = "danger-full-access"
+check_for_update_on_startup = false
+hide_agent_reasoning = true
+
+[model_providers.orchard]
+name = "orchard recording proxy"
+base_url = "{base_url}"
+env_key = "OPENAI_API_KEY"
+wire_api = "responses"
+request_max_retries = 0
+stream_max_retries = 0
+
+[analytics]
+enabled = false
+
+[feedback]
+enabled = false
+
+[history]
+persistence = "none"
+"""
+
+HARNESS = Harness(
+    name="codex",
+    npm=[f"@openai/codex@{VERSION}"],
+    files={"codex/config.toml": CONFIG},
+    task_input="stdin",
+    command=('codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --color never '
+             '-C "$PWD" -'),
+    env={"CODEX_HOME": "{harness_dir}/codex", "NO_COLOR": "1", "TERM": "dumb", "RUST_LOG": "error"},
+)
