@@ -64,6 +64,9 @@ class Harness(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="more environment (templates, host-side "
                                 "placeholders only: {harness_dir} {venv} {npm} {model})")
     ok_exit_codes: list[int] = Field([0], description="exit codes of a run that ended normally")
+    shell_tool: str = Field("bash", description="its tool that runs a shell command (scripted policies use it)")
+    shell_argument: str = Field("command", description="that tool's argument holding the command")
+    finish: str | dict = Field("Done.", description="an answer that ends its run (text, or a tool call)")
 
     @field_validator("npm")
     @classmethod
@@ -88,6 +91,10 @@ class Harness(BaseModel):
             if not name.isidentifier():
                 raise ValueError(f"{name!r} is not an environment variable name")
         return v
+
+    def shell(self, command: str) -> dict:
+        """The action (a tool call) that has the harness run `command` in its shell."""
+        return {"name": self.shell_tool, "arguments": {self.shell_argument: command}}
 
     # ------------------------------------------------------------------ install (host)
     def install(self) -> Path | None:

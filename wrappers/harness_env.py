@@ -342,7 +342,9 @@ class HarnessEnv(gym.Env):
         await self._fail(why)
         raise HarnessError(f"{self.harness.name} on {task_id}: {why}")
 
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+    async def astep(self, action: Any, *, tokens: dict | None = None) -> tuple[str, float, bool, bool, dict]:
+        """`tokens`: what the policy knows about its answer (`prompt_token_ids`,
+        `completion_token_ids`, `logprobs`, `usage`), recorded on the call (trainers use it)."""
         if self.trajectory is None or self._done:
             raise gym.error.ResetNeeded("call reset() before step()" if self.trajectory is None
                                         else "the episode is over; call reset()")
@@ -352,7 +354,7 @@ class HarnessEnv(gym.Env):
         except FormatError as e:  # nothing reaches the harness: the same request stays pending
             return self._obs, 0.0, False, False, self._info(action_error=str(e), call_id=pending.call_id)
         try:
-            self.store.respond(self.rollout_id, pending.call_id, message)
+            self.store.respond(self.rollout_id, pending.call_id, message, **(tokens or {}))
         except KeyError:
             pass  # the harness hung up meanwhile; its exit is the next event
         self.trajectory.turns.append(Turn(index=len(self.trajectory.turns), action=message,

@@ -15,6 +15,12 @@ approval_policy = "never"
 sandbox_mode = "danger-full-access"
 check_for_update_on_startup = false
 hide_agent_reasoning = true
+web_search = "disabled"          # the sandbox has no network but the proxy
+
+[features]
+enable_request_compression = false   # the proxy reads plain JSON bodies (no zstd)
+multi_agent = false                  # one agent: one rollout
+goals = false
 
 [model_providers.orchard]
 name = "orchard recording proxy"
@@ -41,5 +47,7 @@ HARNESS = Harness(
     task_input="stdin",
     command=('codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --color never '
              '-C "$PWD" -'),
+    shell_tool="exec_command", shell_argument="cmd",
+    finish="Done.",  # a turn without tool calls ends `codex exec`
     env={"CODEX_HOME": "{harness_dir}/codex", "NO_COLOR": "1", "TERM": "dumb", "RUST_LOG": "error"},
 )

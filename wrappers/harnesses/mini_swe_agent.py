@@ -14,6 +14,7 @@ HARNESS = Harness(
              '-c mini.yaml -c model.cost_tracking=ignore_errors '
              '-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -c "model.model_kwargs.api_key=$OPENAI_API_KEY" '
              '-m "openai/$ORCHARD_MODEL" -o "$ORCHARD_HARNESS_DIR/trajectory.json" -t "$(cat "$ORCHARD_TASK_FILE")"'),
+    finish={"name": "bash", "arguments": {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}},
     env={
         "MSWEA_CONFIGURED": "true",            # no first-run set-up prompt
         "MSWEA_SILENT_STARTUP": "1",
