@@ -64,6 +64,8 @@ class Harness(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="more environment (templates, host-side "
                                 "placeholders only: {harness_dir} {venv} {npm} {model})")
     ok_exit_codes: list[int] = Field([0], description="exit codes of a run that ended normally")
+    sandbox_payload: list[str] = Field(default_factory=list, description="paths under its npm prefix shipped "
+                                       "into sandboxes that cannot see the host (docker, kubernetes)")
     shell_tool: str = Field("bash", description="its tool that runs a shell command (scripted policies use it)")
     shell_argument: str = Field("command", description="that tool's argument holding the command")
     finish: str | dict = Field("Done.", description="an answer that ends its run (text, or a tool call)")
@@ -141,11 +143,13 @@ class Harness(BaseModel):
             out[path] = self._host_fill(template, values)
         return out
 
-    def launch_script(self, harness_dir: str, npm: str | None = None) -> str:
-        """run.sh: export the model-URL variables, write the config files (templates were
-        uploaded to `<harness_dir>/templates/<i>`), then the command."""
+    def launch_script(self, harness_dir: str, npm: str | None = None, payload: str | None = None) -> str:
+        """run.sh: unpack a shipped payload (into `npm`), export the model-URL variables, write
+        the config files (templates were uploaded to `<harness_dir>/templates/<i>`), then the command."""
         q = shlex.quote
         lines = ['export ORCHARD_MODEL_ROOT="${OPENAI_BASE_URL%/v1}"']
+        if payload and npm:
+            lines.append(f"mkdir -p {q(npm)} && tar -xzf {q(payload)} -C {q(npm)} && rm -f {q(payload)} || exit 96")
         if npm:
             lines.append(f'export ORCHARD_HARNESS_NPM={q(npm)} PATH={q(npm + "/node_modules/.bin")}:"$PATH"')
         for name, template in self.model_url_env.items():

@@ -70,3 +70,27 @@ def ensure_npm(packages: list[str], root: Path | None = None, timeout: float = 9
             raise HarnessInstallError(f"npm install {' '.join(packages)} failed: {r.stderr[-2000:]}")
         (prefix / ".ready").write_text("\n".join(packages))
     return prefix
+
+
+def ensure_payload(prefix: Path, paths: list[str]) -> Path:
+    """`paths` (relative to the npm prefix) as one cached .tar.gz next to the prefix: what is
+    shipped into sandboxes that cannot see the host's file system (docker, kubernetes)."""
+    import tarfile
+
+    key = hashlib.sha256("\n".join(paths).encode()).hexdigest()[:12]
+    archive = prefix.parent / f"{prefix.name}.payload-{key}.tar.gz"
+    if archive.exists():
+        return archive
+    with open(prefix.parent / f"{prefix.name}.payload.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if archive.exists():
+            return archive
+        partial = archive.with_suffix(".partial")
+        with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
+            for rel in paths:
+                source = prefix / rel
+                if not source.exists():
+                    raise HarnessInstallError(f"{rel} is not in the harness's npm prefix {prefix}")
+                tar.add(source, arcname=rel)
+        partial.rename(archive)
+    return archive

@@ -1,12 +1,15 @@
 """OpenAI's Codex CLI (npm `@openai/codex`: a launcher and a static native binary),
 unchanged, `codex exec` (non-interactive), with the proxy as its model provider through its
 own config file (`$CODEX_HOME/config.toml`, wire_api = "responses": it streams the
-Responses API, with its `shell`/`exec_command` and `apply_patch` tools). Its own sandbox and
+Responses API, with its shell tool `exec_command`). Its own sandbox and
 approvals are off: it already runs inside the task's sandbox. The task text is its stdin."""
 
 from ..harness import Harness
 
 VERSION = "0.171.0"
+# the package's own static (musl) binary, run directly: node (the npm launcher's runtime) is
+# not needed in the sandbox, so task images need nothing added
+BINARY = "node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"
 
 CONFIG = """\
 model = "{model}"
@@ -45,8 +48,9 @@ HARNESS = Harness(
     npm=[f"@openai/codex@{VERSION}"],
     files={"codex/config.toml": CONFIG},
     task_input="stdin",
-    command=('codex exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox --color never '
-             '-C "$PWD" -'),
+    sandbox_payload=[BINARY],
+    command=(f'"$ORCHARD_HARNESS_NPM/{BINARY}" exec --skip-git-repo-check '
+             '--dangerously-bypass-approvals-and-sandbox --color never -C "$PWD" -'),
     shell_tool="exec_command", shell_argument="cmd",
     finish="Done.",  # a turn without tool calls ends `codex exec`
     env={"CODEX_HOME": "{harness_dir}/codex", "NO_COLOR": "1", "TERM": "dumb", "RUST_LOG": "error"},
