@@ -24,6 +24,7 @@ from orchard_gym.wrappers.harness import get_harness  # noqa: E402
 
 TASK = "semver-3.0.2"
 GOLD = load_tasks("builtin")[TASK].patch
+APPLY_PATCH = "apply_patch <<'EOF'\n*** Begin Patch\n*** Add File: NOTES_codex.txt\n+fixed by codex\n*** End Patch\nEOF"
 
 
 def gold_via_shell() -> dict:
@@ -53,16 +54,20 @@ def run_solved(env) -> None:
     assert not (terminated or truncated), info
     last = json.loads(obs)["messages"][-1]
     assert last["role"] == "tool" and "applied-0" in last["content"], last
+    # codex's own apply_patch (its patch format, which it intercepts from its shell tool)
+    obs, reward, terminated, truncated, info = env.step({"name": "exec_command", "arguments": {"cmd": APPLY_PATCH}})
+    last = json.loads(obs)["messages"][-1]
+    assert "Success. Updated the following files" in last["content"] and "A NOTES_codex.txt" in last["content"], last
     obs, reward, terminated, truncated, info = env.step("The fix is applied.")
     assert (reward, terminated, truncated) == (1.0, True, False), info
     assert info["report"]["status"] == "RESOLVED_FULL" and info["harness_exit_code"] == 0
     record = env.unwrapped.record
-    assert record.status == "finished" and len(record.calls) == 2 and all(c.ok for c in record.calls)
+    assert record.status == "finished" and len(record.calls) == 3 and all(c.ok for c in record.calls)
     assert all(c.endpoint == "responses" and c.stream for c in record.calls)
     assert record.calls[0].response["output"][0]["type"] == "function_call"  # what codex was sent back
     items = record.calls[1].request["input"]
     assert any(i.get("type") == "function_call_output" for i in items)  # codex's own context for call 2
-    assert [s.reward for s in env.unwrapped.samples()] == [1.0, 1.0]
+    assert [s.reward for s in env.unwrapped.samples()] == [1.0, 1.0, 1.0]
 
 
 def run_do_nothing(env) -> None:
