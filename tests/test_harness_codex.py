@@ -99,3 +99,30 @@ def test_codex_harness_is_pinned_data():
     assert 'wire_api = "responses"' in config
     script = h.launch_script("/w/.orchard-harness", "/npm")
     assert "/w/.orchard-harness/templates/0" in script and '< "$ORCHARD_TASK_FILE"' in script
+
+
+def test_harness_data_is_validated_and_found_by_name():
+    from orchard_gym.wrappers.harness import Harness, all_harnesses
+    from orchard_gym.wrappers.harness_env import HarnessEnv
+
+    assert {"codex", "mini-swe-agent"} <= set(all_harnesses())
+    for bad, match in [({"npm": ["@openai/codex"]}, "not pinned"), ({"npm": ["@openai/codex@^0.171.0"]}, "not pinned"),
+                       ({"npm": ["left-pad@latest"]}, "not pinned"), ({"files": {"../escape": "x"}}, "relative"),
+                       ({"files": {"/etc/passwd": "x"}}, "relative"), ({"model_url_env": {"NOT A NAME": "{root}"}},
+                                                                          "variable name"),
+                       ({"task_input": "carrier-pigeon"}, "task_input"), ({"command": ""}, "command"),
+                       ({"surprise": 1}, "surprise")]:
+        with pytest.raises(ValueError, match=match):
+            Harness.model_validate({"name": "x", "command": "true", **bad})
+    for bad in ("no-such-harness", 42, None):
+        with pytest.raises(ValueError, match="unknown harness"):
+            get_harness(bad)
+    # model-URL variables are set from the URL the sandbox sees, quoted
+    h = Harness(name="x", command="true", model_url_env={"ANTHROPIC_BASE_URL": "{root}", "ODD": "a b {base_url}"})
+    script = h.launch_script("/h")
+    assert "export ANTHROPIC_BASE_URL=''\"$ORCHARD_MODEL_ROOT\"''" in script
+    assert "export ODD='a b '\"$OPENAI_BASE_URL\"''" in script
+    # harness= works for the Claw env too (registration wraps any env id)
+    env = gym.make("Orchard/Claw-v0", harness="codex", bash=True, backend={"type": "local"})
+    assert isinstance(env.unwrapped, HarnessEnv) and env.unwrapped.harness.name == "codex"
+    env.close()
