@@ -21,8 +21,8 @@ def main() -> None:
     p.add_argument("--harness", default="mini-swe-agent")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--group-size", type=int, default=2)
-    p.add_argument("--prompts-per-step", type=int, default=2)
-    p.add_argument("--max-calls", type=int, default=3)
+    p.add_argument("--prompts-per-step", type=int, default=1)
+    p.add_argument("--max-calls", type=int, default=2)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--out", default="runs/demo-harness-grpo")
     a = p.parse_args()
@@ -41,7 +41,7 @@ def main() -> None:
                      max_position_embeddings=32768)
     args = HarnessGRPOArgs(env_id="Orchard/Toy-v0", env_kwargs={"kinds": ["write"], "num_tasks": 4},
                            harness=a.harness, group_size=a.group_size, prompts_per_step=a.prompts_per_step,
-                           max_calls=a.max_calls, gamma=a.gamma, max_seconds=300, concurrency=4,
+                           max_calls=a.max_calls, gamma=a.gamma, max_seconds=900, concurrency=4,
                            backend={"type": "local"}, sampling=SamplingParams(max_new_tokens=24, linger=0.05))
     summary = train(args, str(out / "tiny"), out / "run", steps=a.steps, learning_rate=1e-3, save=False)
     keys = ["rollout/runs", "rollout/errored_runs", "rollout/samples", "rollout/padding_rows", "rollout/reward_mean",

@@ -13,5 +13,6 @@ names = sys.argv[1:] or sorted(all_harnesses())
 for name in names:
     h = all_harnesses()[name]
     venv, npm = h.install(), h.install_npm()
-    print(f"{name}: " + ", ".join(f"{k} {v}" for k, v in (("venv", venv), ("npm", npm)) if v) or f"{name}: nothing to install")
+    parts = [f"{k} {v}" for k, v in (("venv", venv), ("npm", npm)) if v]
+    print(f"{name}: {', '.join(parts) or 'nothing to install'}")
 PY
