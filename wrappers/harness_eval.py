@@ -176,6 +176,19 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
     schedule = [(h, t) for h in resolved for t in task_ids for _ in range(attempts)]
     cache_root().mkdir(parents=True, exist_ok=True)
     sock = f"{default_socket_dir()}/eval-{int(time.time() * 1000) % 10**9}.sock"
+    client_kwargs = dict(client_kwargs or {"backend": backend or {"type": "local"}})
+    backend_cfg = dict(client_kwargs.get("backend") or {})
+    network, proxy_config = "isolated", ProxyConfig(uds=sock)
+    if backend_cfg.get("type", "local") != "local":  # containers: TCP to the proxy only (see harness_env)
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            port = s.getsockname()[1]
+        network, proxy_config = "proxy", ProxyConfig(host="0.0.0.0", port=port)
+        if backend_cfg.get("type") == "docker":
+            backend_cfg["host_guard_allow_ports"] = [*backend_cfg.get("host_guard_allow_ports", []), port]
+        client_kwargs["backend"] = backend_cfg
     sink = None
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -183,12 +196,11 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
     bar = _Progress(len(schedule), enabled=progress)
     gate = asyncio.Semaphore(concurrency)
     try:
-        async with RecordingProxy(ProxyConfig(uds=sock)) as proxy, \
-                AsyncSandboxClient(**(client_kwargs or {"backend": backend or {"type": "local"}})) as client:
+        async with RecordingProxy(proxy_config) as proxy, AsyncSandboxClient(**client_kwargs) as client:
             async def one(h: Harness, task_id: str) -> HarnessRun:
                 async with gate:
                     run = await run_one(h, env_id, task_id, policy, client=client, proxy=proxy, max_steps=max_steps,
-                                        max_seconds=max_seconds, env_kwargs=env_kwargs)
+                                        max_seconds=max_seconds, env_kwargs={**(env_kwargs or {}), "network": network})
                 if sink is not None:
                     sink.write(json.dumps({"harness": run.harness, "task_id": run.task_id, "reward": run.reward,
                                            "resolved": run.resolved, "error": run.error, "calls": run.calls,
