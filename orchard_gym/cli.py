@@ -153,12 +153,21 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="trajectories JSONL (default runs/eval-TIME.jsonl)")
 @click.option("-k", "attempts", type=click.IntRange(min=1), default=1, show_default=True,
               help="attempts per task: reports pass@k and pass^k")
+@click.option("--harness", default=None, help="run every task through these harnesses (a,b,c): one table; "
+              "policy oracle | nothing | openai:URL#MODEL (see docs/harnesses.md)")
 def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
-             max_steps, task_filter, out, attempts) -> None:
+             max_steps, task_filter, out, attempts, harness) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
     """
+    if harness is not None:
+        from .cli_harness import eval_harnesses
+
+        return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
+                              backend_kwargs=_backend_kwargs(backend, api_key), model_api_key=model_api_key,
+                              attempts=attempts, concurrency=concurrency, max_steps=max_steps,
+                              task_filter=task_filter, out=out)
     import asyncio
     from pathlib import Path
 
@@ -344,10 +353,16 @@ def train() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="run folder (default runs/grpo-TIME)")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="draw curves.png at the end")
+@click.option("--harness", default=None, help="train on this harness's recorded calls (docs/harnesses.md)")
+@click.option("--gamma", type=click.FloatRange(0.0, 1.0), default=1.0, show_default=True,
+              help="--harness: r_t = gamma^(T-t) * r_T")
+@click.option("--max-calls", type=click.IntRange(min=1), default=8, show_default=True,
+              help="--harness: model calls answered per run")
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
-               task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot) -> None:
+               task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, harness, gamma,
+               max_calls) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -364,8 +379,13 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     except ImportError as e:  # pragma: no cover - the train extra is missing
         raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
     backend_kwargs = _backend_kwargs(backend, api_key)
+    harness_kwargs = {}
+    if harness is not None:  # each rollout a harness run, each recorded call a sample (algos/harness_grpo.py)
+        from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training  # noqa: N814
+
+        harness_kwargs = {"harness": harness, "gamma": gamma, "max_calls": max_calls}
     try:
-        args = AgentGRPOArgs(
+        args = AgentGRPOArgs(**harness_kwargs,
             env_id=env_id, env_kwargs=kwargs, backend=backend_kwargs.get("backend"),
             base_url=backend_kwargs.get("base_url"), api_key=backend_kwargs.get("api_key"),
             task_ids=list(task_filter) or None, algo=algo, group_size=group_size, prompts_per_step=prompts_per_step,

@@ -1,10 +1,28 @@
-"""Harnesses: how to install one and how to start it inside a sandbox.
+"""Harnesses as data: how to install one and how to start it inside a sandbox.
 
-A harness is an agent program that owns its loop and calls an OpenAI-compatible model
-API (mini-swe-agent, OpenHands, Codex, ...). `Harness` says which pip requirements it
-needs (installed once into a cached venv on the host, which local sandboxes see
-read-only, like the SWE tasks' test venvs) and which bash command starts it. The
-command sees:
+A harness is an agent program that owns its loop and calls a model API (mini-swe-agent,
+Codex CLI, Claude Code, ...). A `Harness` says, as plain data:
+
+- **install**: pip `requirements` (a cached venv on the host) and/or pinned `npm` packages
+  (a cached npm prefix on the host); local sandboxes see both read-only;
+- **config**: `files`, templates written into the harness's scratch folder before it
+  starts (e.g. Codex's `config.toml`);
+- **model URL**: always `OPENAI_BASE_URL`/`OPENAI_API_BASE`; `model_url_env` names more
+  variables to set to it (e.g. `ANTHROPIC_BASE_URL`), and `files` can use it;
+- **task text**: in the file `$ORCHARD_TASK_FILE`, and on stdin when `task_input="stdin"`;
+- **launch**: `command`, bash run in the task's working directory.
+
+Templates (`files` contents, `model_url_env` values, `env` values) are filled in with
+
+| placeholder | |
+|---|---|
+| `{base_url}` | the rollout's model endpoint, `.../r/<rollout>/v1` (known only in the sandbox: the relay picks its port) |
+| `{root}` | the same without the trailing `/v1` (what Anthropic-style clients want) |
+| `{model}` | the model name to ask for |
+| `{harness_dir}` | the harness's scratch folder (outside the repository) |
+| `{venv}`, `{npm}` | the harness's venv and npm prefix |
+
+and the command sees these variables:
 
 | variable | |
 |---|---|
@@ -12,33 +30,75 @@ command sees:
 | `OPENAI_API_KEY` | the rollout's token |
 | `ORCHARD_MODEL` | the model name to ask for |
 | `ORCHARD_TASK_FILE` | a file holding the task text |
-| `ORCHARD_HARNESS_DIR` | a scratch folder outside the repository (logs, the harness's own trajectory) |
+| `ORCHARD_HARNESS_DIR` | the scratch folder (logs, the harness's own trajectory, its config) |
 | `ORCHARD_HARNESS_VENV` | the harness's venv (when it has requirements) |
+| `ORCHARD_HARNESS_NPM` | the harness's npm prefix (when it has npm packages; `.../node_modules/.bin` is on PATH) |
 
-It runs in the task's working directory with the task's environment (e.g. PATH with
-the task's test venv first), so the commands it runs see what the task env's tools see.
+It runs with the task's environment (e.g. PATH with the task's test venv first), so the
+commands it runs see what the task env's tools see. The built-in harnesses are one
+module each in `wrappers/harnesses/` (see docs/harnesses.md).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+import shlex
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MINI_SWE_AGENT_VERSION = "2.4.6"
+_SANDBOX_SIDE = {"{base_url}": "@ORCHARD_BASE_URL@", "{root}": "@ORCHARD_MODEL_ROOT@"}
 
 
 class Harness(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
-    command: str = Field(description="bash that starts the harness (see the module docstring for its variables)")
+    name: str = Field(min_length=1)
+    command: str = Field(min_length=1, description="bash that starts the harness (see the module docstring)")
     requirements: list[str] = Field(default_factory=list, description="pip requirements of its venv (pinned)")
-    env: dict[str, str] = Field(default_factory=dict, description="more environment; '{harness_dir}' and "
-                                "'{venv}' in values are filled in")
+    npm: list[str] = Field(default_factory=list, description="npm packages, pinned: name@X.Y.Z")
+    files: dict[str, str] = Field(default_factory=dict, description="path under the harness dir -> template")
+    model_url_env: dict[str, str] = Field(default_factory=dict, description="more variables holding the model "
+                                          "URL, name -> template ('{base_url}' or '{root}')")
+    task_input: Literal["file", "stdin"] = Field("file", description="stdin: the task text is also its stdin")
+    env: dict[str, str] = Field(default_factory=dict, description="more environment (templates, host-side "
+                                "placeholders only: {harness_dir} {venv} {npm} {model})")
     ok_exit_codes: list[int] = Field([0], description="exit codes of a run that ended normally")
+    sandbox_payload: list[str] = Field(default_factory=list, description="paths under its npm prefix shipped "
+                                       "into sandboxes that cannot see the host (docker, kubernetes)")
+    shell_tool: str = Field("bash", description="its tool that runs a shell command (scripted policies use it)")
+    shell_argument: str = Field("command", description="that tool's argument holding the command")
+    finish: str | dict = Field("Done.", description="an answer that ends its run (text, or a tool call)")
 
+    @field_validator("npm")
+    @classmethod
+    def _pinned(cls, v: list[str]) -> list[str]:
+        from .harness_install import check_npm_pins
+
+        return check_npm_pins(v)
+
+    @field_validator("files")
+    @classmethod
+    def _relative(cls, v: dict[str, str]) -> dict[str, str]:
+        for path in v:
+            p = PurePosixPath(path)
+            if not path or p.is_absolute() or ".." in p.parts:
+                raise ValueError(f"file {path!r} must be a relative path inside the harness dir")
+        return v
+
+    @field_validator("model_url_env")
+    @classmethod
+    def _names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name in v:
+            if not name.isidentifier():
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return v
+
+    def shell(self, command: str) -> dict:
+        """The action (a tool call) that has the harness run `command` in its shell."""
+        return {"name": self.shell_tool, "arguments": {self.shell_argument: command}}
+
+    # ------------------------------------------------------------------ install (host)
     def install(self) -> Path | None:
         """Build (once, cached, under a lock) the venv with `requirements`; None if it has none."""
         if not self.requirements:
@@ -47,49 +107,93 @@ class Harness(BaseModel):
 
         return ensure_venv(self.requirements, root=cache_root() / "harness" / "venvs")
 
+    def install_npm(self) -> Path | None:
+        """Install (once, cached) the npm packages; their prefix, or None if it has none."""
+        if not self.npm:
+            return None
+        from .harness_install import ensure_npm
+
+        return ensure_npm(self.npm)
+
+    # ------------------------------------------------------------------ launch (sandbox)
     def task_text(self, env: Any, task: Any) -> str:
         """What the harness is asked to do: the issue text where the task has one, else the
         task env's first observation."""
         text = getattr(task, "problem_statement", None)
         return text.strip() if isinstance(text, str) and text.strip() else env.first_observation(task)
 
-    def environment(self, harness_dir: str, venv: str | None) -> dict[str, str]:
-        return {k: v.replace("{harness_dir}", harness_dir).replace("{venv}", venv or "") for k, v in self.env.items()}
+    def _host_fill(self, text: str, values: dict[str, str]) -> str:
+        for key, value in values.items():
+            text = text.replace("{" + key + "}", value)
+        return text
 
+    def environment(self, harness_dir: str, venv: str | None, npm: str | None = None,
+                    model: str = "") -> dict[str, str]:
+        values = {"harness_dir": harness_dir, "venv": venv or "", "npm": npm or "", "model": model}
+        return {k: self._host_fill(v, values) for k, v in self.env.items()}
 
-MINI_SWE_AGENT = Harness(
-    name="mini-swe-agent",
-    requirements=[f"mini-swe-agent=={MINI_SWE_AGENT_VERSION}"],
-    # the real `mini` CLI, non-interactive: the default (non-interactive) agent class, yolo
-    # mode, no confirmation at exit, no cost limit; the model through litellm's OpenAI
-    # provider at the proxy, tool calling (its `bash` tool); submit = `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`
-    command=('"$ORCHARD_HARNESS_VENV/bin/mini" --agent-class default -y --exit-immediately --cost-limit 0 '
-             '-c mini.yaml -c model.cost_tracking=ignore_errors '
-             '-c "model.model_kwargs.api_base=$OPENAI_BASE_URL" -c "model.model_kwargs.api_key=$OPENAI_API_KEY" '
-             '-m "openai/$ORCHARD_MODEL" -o "$ORCHARD_HARNESS_DIR/trajectory.json" -t "$(cat "$ORCHARD_TASK_FILE")"'),
-    env={
-        "MSWEA_CONFIGURED": "true",            # no first-run set-up prompt
-        "MSWEA_SILENT_STARTUP": "1",
-        "MSWEA_COST_TRACKING": "ignore_errors",  # our model has no price
-        "MSWEA_GLOBAL_CONFIG_DIR": "{harness_dir}/config",
-        "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no download of litellm's price list
-        "LITELLM_LOG": "ERROR",
-        "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
-        "PAGER": "cat", "MANPAGER": "cat", "TQDM_DISABLE": "1", "PIP_PROGRESS_BAR": "off",
-        "NO_COLOR": "1", "TERM": "dumb", "COLUMNS": "200",
-    },
-)
+    def rendered_files(self, harness_dir: str, venv: str | None, npm: str | None, model: str) -> dict[str, str]:
+        """`files` with the host-side placeholders filled in; `{base_url}`/`{root}` become
+        markers the launch script replaces inside the sandbox."""
+        values = {"harness_dir": harness_dir, "venv": venv or "", "npm": npm or "", "model": model}
+        out = {}
+        for path, template in self.files.items():
+            for placeholder, marker in _SANDBOX_SIDE.items():
+                template = template.replace(placeholder, marker)
+            out[path] = self._host_fill(template, values)
+        return out
 
-HARNESSES: dict[str, Harness] = {MINI_SWE_AGENT.name: MINI_SWE_AGENT}
+    def launch_script(self, harness_dir: str, npm: str | None = None, payload: str | None = None) -> str:
+        """run.sh: unpack a shipped payload (into `npm`), export the model-URL variables, write
+        the config files (templates were uploaded to `<harness_dir>/templates/<i>`), then the command."""
+        q = shlex.quote
+        lines = ['export ORCHARD_MODEL_ROOT="${OPENAI_BASE_URL%/v1}"']
+        if payload and npm:
+            lines.append(f"mkdir -p {q(npm)} && tar -xzf {q(payload)} -C {q(npm)} && rm -f {q(payload)} || exit 96")
+        if npm:
+            lines.append(f'export ORCHARD_HARNESS_NPM={q(npm)} PATH={q(npm + "/node_modules/.bin")}:"$PATH"')
+        for name, template in self.model_url_env.items():
+            value = shlex.quote(template).replace("{base_url}", "'\"$OPENAI_BASE_URL\"'").replace(
+                "{root}", "'\"$ORCHARD_MODEL_ROOT\"'")
+            lines.append(f"export {name}={value}")
+        for i, path in enumerate(self.files):
+            target = f"{harness_dir}/{path}"
+            lines.append(f"mkdir -p {q(str(PurePosixPath(target).parent))} && sed -e \"s|@ORCHARD_BASE_URL@|"
+                         f"$OPENAI_BASE_URL|g; s|@ORCHARD_MODEL_ROOT@|$ORCHARD_MODEL_ROOT|g\" "
+                         f"{q(f'{harness_dir}/templates/{i}')} > {q(target)} || exit 97")
+        command = self.command
+        if self.task_input == "stdin":
+            command = f"{{\n{command}\n}} < \"$ORCHARD_TASK_FILE\""
+        return "\n".join(lines) + "\n" + command + "\n"
 
 
 def get_harness(spec: str | dict | Harness) -> Harness:
-    """A harness by name ('mini-swe-agent'), from a dict, or as given."""
+    """A harness by name ('mini-swe-agent', 'codex'), from a dict, or as given."""
     if isinstance(spec, Harness):
         return spec
     if isinstance(spec, dict):
         return Harness.model_validate(spec)
-    try:
-        return HARNESSES[spec]
-    except KeyError:
-        raise ValueError(f"unknown harness {spec!r}; known: {sorted(HARNESSES)} (or pass a Harness)") from None
+    harnesses = all_harnesses()
+    if not isinstance(spec, str) or spec not in harnesses:
+        raise ValueError(f"unknown harness {spec!r}; known: {sorted(harnesses)} (or pass a Harness)")
+    return harnesses[spec]
+
+
+def all_harnesses() -> dict[str, Harness]:
+    from .harnesses import builtin_harnesses
+
+    return builtin_harnesses()
+
+
+def __getattr__(name: str):  # the old module-level names, now in wrappers/harnesses/
+    if name == "MINI_SWE_AGENT":
+        from .harnesses.mini_swe_agent import HARNESS
+
+        return HARNESS
+    if name == "MINI_SWE_AGENT_VERSION":
+        from .harnesses.mini_swe_agent import VERSION
+
+        return VERSION
+    if name == "HARNESSES":
+        return all_harnesses()
+    raise AttributeError(name)

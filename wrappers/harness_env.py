@@ -27,9 +27,14 @@ answered) kills the harness too, but is the policy's outcome: truncated, and gra
 Networking: with `network="isolated"` (the default) the sandbox has no network at all
 (its own empty network namespace on the local backend) and reaches the proxy only
 through the proxy's unix socket, via `wrappers/relay.py` inside the sandbox. With
-`network="host"` the sandbox has the network and the harness calls the proxy's TCP URL
-(`proxy_url`, default the proxy's own): needed for backends that cannot see the host's
-file system (containers), at the price of a sandbox that can reach anything.
+`network="proxy"` (docker, kubernetes) the sandbox is a blocked one (docker: an internal
+network with no route out, the host guard refusing every host port but the proxy's;
+kubernetes: a NetworkPolicy) and the harness calls the proxy over TCP at `proxy_url`
+(default: the proxy's port at the sandbox's `host_address`, the host as the sandbox sees
+it); the harness's payload (`Harness.sandbox_payload`) is shipped into the sandbox, which
+cannot see the host's file system. With `network="host"` the sandbox has the network and
+the harness calls the proxy's TCP URL (`proxy_url`, default the proxy's own), at the price
+of a sandbox that can reach anything.
 """
 
 from __future__ import annotations
@@ -85,19 +90,22 @@ class HarnessEnv(gym.Env):
 
     def __init__(self, env: SandboxEnv | type[SandboxEnv], harness: str | dict | Harness, *, proxy: Any = None,
                  max_steps: int = 100, max_seconds: float | None = 900.0,
-                 network: Literal["isolated", "host"] = "isolated", proxy_url: str | None = None,
+                 network: Literal["isolated", "proxy", "host"] = "isolated", proxy_url: str | None = None,
                  model: str = "orchard-policy", render_mode: str | None = None,
                  observation_max_length: int = 10_000_000, **env_kwargs: Any):
         if render_mode not in (None, "ansi"):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
             raise gym.error.Error("max_steps must be at least 1")
-        if network not in ("isolated", "host"):
-            raise gym.error.Error(f"network must be 'isolated' or 'host', not {network!r}")
+        if network not in ("isolated", "proxy", "host"):
+            raise gym.error.Error(f"network must be 'isolated', 'proxy' or 'host', not {network!r}")
         self.task_env: SandboxEnv = env(**env_kwargs) if isinstance(env, type) else env
         if env_kwargs and not isinstance(env, type):
             raise gym.error.Error(f"env kwargs {sorted(env_kwargs)} given with an env instance")
         self.harness = get_harness(harness)
+        if network == "proxy" and self.harness.requirements:
+            raise gym.error.Error(f"{self.harness.name} runs from a venv on the host (pip requirements): it needs a "
+                                  f"sandbox that sees the host's file system (the local backend, network='isolated')")
         self.env_id = self.task_env.env_id
         self.max_steps, self.max_seconds = max_steps, max_seconds
         self.network, self.proxy_url, self.model = network, proxy_url, model
@@ -125,6 +133,10 @@ class HarnessEnv(gym.Env):
             self.proxy = RecordingProxy(ProxyConfig(uds=sock))
         if self.proxy.loop is None:
             await self.proxy.start()
+        if self.network == "proxy" and self._owns_proxy:
+            raise gym.error.Error("network='proxy' needs a started proxy listening where sandboxes reach it "
+                                  "(proxy=RecordingProxy(ProxyConfig(host=..., port=P)), with the docker backend's "
+                                  "host_guard_allow_ports=[P])")
         if self.network == "isolated" and not self.proxy.uds:
             raise gym.error.Error("network='isolated' needs a proxy with a unix socket (ProxyConfig(uds=...))")
         return self.proxy
@@ -165,18 +177,38 @@ class HarnessEnv(gym.Env):
                                      messages=call.messages, tools=call.tools, request=call.request)
 
     # ------------------------------------------------------------------ the harness in the sandbox
-    async def _launch(self, sandbox, ctx, task, venv) -> None:
+    async def _launch(self, sandbox, ctx, task, venv, npm=None) -> None:
         base = (sandbox.workdir or "/workspace").rstrip("/")
         hdir = f"{base}/.orchard-harness"
-        await sandbox.upload_content(self.harness.task_text(self.task_env, task), f"{hdir}/task.txt")
-        await sandbox.upload_content(self.harness.command + "\n", f"{hdir}/run.sh")
-        env = {**ctx.env, **self.harness.environment(hdir, str(venv) if venv else None),
+        h, npm_dir, payload = self.harness, str(npm) if npm else None, None
+        if self.network == "proxy":  # the sandbox cannot see the host's installs: ship what the harness needs
+            if npm is not None:
+                from .harness_install import ensure_payload
+
+                if not h.sandbox_payload:
+                    raise HarnessError(f"{h.name} lists no sandbox_payload to ship into a {self.network!r} sandbox")
+                archive = await run_in_thread(ensure_payload, npm, h.sandbox_payload)
+                npm_dir, payload = f"{hdir}/npm", f"{hdir}/payload.tar.gz"
+                await sandbox.upload_file(archive, payload)
+        await sandbox.upload_content(h.task_text(self.task_env, task), f"{hdir}/task.txt")
+        for i, text in enumerate(h.rendered_files(hdir, str(venv) if venv else None, npm_dir, self.model).values()):
+            await sandbox.upload_content(text, f"{hdir}/templates/{i}")
+        await sandbox.upload_content(h.launch_script(hdir, npm_dir, payload), f"{hdir}/run.sh")
+        env = {**ctx.env, **h.environment(hdir, str(venv) if venv else None, npm_dir, self.model),
                "ORCHARD_HARNESS": self.rollout_id, "ORCHARD_HARNESS_DIR": hdir, "ORCHARD_TASK_FILE": f"{hdir}/task.txt",
                "ORCHARD_MODEL": self.model, "OPENAI_API_KEY": self.store.get(self.rollout_id).token}
         if venv:
             env["ORCHARD_HARNESS_VENV"] = str(venv)
         path = f"/r/{self.rollout_id}/v1"
-        if self.network == "isolated":
+        if self.network == "proxy":  # a blocked sandbox that reaches the proxy over TCP only
+            host = (sandbox.record.details or {}).get("host_address")
+            if not self.proxy_url and not host:
+                raise HarnessError("network='proxy' needs proxy_url, or a backend that reports the sandbox's "
+                                   "host_address (docker, kubernetes)")
+            url = (self.proxy_url or f"http://{host}:{self.proxy.port}").rstrip("/") + path
+            env.update(OPENAI_BASE_URL=url, OPENAI_API_BASE=url, ORCHARD_PROXY_URL=url)
+            command = f"exec bash {shlex.quote(hdir)}/run.sh"
+        elif self.network == "isolated":
             with open(RELAY_PY, "rb") as f:
                 await sandbox.upload_content(f.read(), f"{hdir}/relay.py")
             command = (f"exec python3 -I -S {shlex.quote(hdir)}/relay.py --connect {shlex.quote(self.proxy.uds)} "
@@ -308,6 +340,7 @@ class HarnessEnv(gym.Env):
         client = await te._get_client()
         await self._get_proxy()
         venv = await run_in_thread(self.harness.install)
+        npm = await run_in_thread(self.harness.install_npm)
         self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id, metadata={"harness": self.harness.name})
         self._started, self._done, self._pending, self._obs = time.monotonic(), False, None, ""
         rollout = self.store.open("policy", metadata={"env_id": self.env_id, "task_id": task_id,
@@ -316,10 +349,10 @@ class HarnessEnv(gym.Env):
         self._record = rollout.record
         try:
             te.task = task
-            te.sandbox = await client.create_sandbox(image=te.image_for(task), block_network=self.network == "isolated")
+            te.sandbox = await client.create_sandbox(image=te.image_for(task), block_network=self.network != "host")
             self.trajectory.sandbox_id = te.sandbox.sandbox_id
             te._ctx = await te.setup(te.sandbox, task)
-            await self._launch(te.sandbox, te._ctx, task, venv)
+            await self._launch(te.sandbox, te._ctx, task, venv, npm)
             kind, value = await self._next_event()
         except BaseException as e:
             await self._end(None, f"reset failed: {type(e).__name__}: {e}", truncated=True)
@@ -338,7 +371,9 @@ class HarnessEnv(gym.Env):
         await self._fail(why)
         raise HarnessError(f"{self.harness.name} on {task_id}: {why}")
 
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+    async def astep(self, action: Any, *, tokens: dict | None = None) -> tuple[str, float, bool, bool, dict]:
+        """`tokens`: what the policy knows about its answer (`prompt_token_ids`,
+        `completion_token_ids`, `logprobs`, `usage`), recorded on the call (trainers use it)."""
         if self.trajectory is None or self._done:
             raise gym.error.ResetNeeded("call reset() before step()" if self.trajectory is None
                                         else "the episode is over; call reset()")
@@ -348,7 +383,7 @@ class HarnessEnv(gym.Env):
         except FormatError as e:  # nothing reaches the harness: the same request stays pending
             return self._obs, 0.0, False, False, self._info(action_error=str(e), call_id=pending.call_id)
         try:
-            self.store.respond(self.rollout_id, pending.call_id, message)
+            self.store.respond(self.rollout_id, pending.call_id, message, **(tokens or {}))
         except KeyError:
             pass  # the harness hung up meanwhile; its exit is the next event
         self.trajectory.turns.append(Turn(index=len(self.trajectory.turns), action=message,

@@ -1,0 +1,414 @@
+"""GRPO on harness samples (OpenForge RL): any harness, unchanged, becomes trainable.
+
+Each rollout is one run of a harness (mini-swe-agent, Codex, ...) in the task's sandbox
+(`HarnessEnv`); its model calls go to the recording proxy in policy mode, and the model
+being trained answers them. Every answered call is one training sample:
+
+- prompt = the exact request the harness sent (its messages and tools, in the proxy's
+  chat-style normal form), rendered with the chat template and tokenised **once**, when
+  the call is answered; those ids are recorded on the call (`prompt_token_ids`) and the
+  trainer uses the recorded ids, never a re-tokenisation of text;
+- completion = the tokens the model generated for it (`completion_token_ids`, with their
+  sampling log-probs), parsed into the assistant message the harness receives;
+- reward r_t = γ^(T−t)·r_T (`wrappers/reconstruct.py`; γ = `gamma`, 1.0 by default);
+- a rollout that ended in an error (harness crash, timeout, proxy failure, context
+  exhausted) gives no samples;
+- advantages are group-relative over the runs of one prompt: with μ, σ the mean and std of
+  the terminal rewards r_T of the group's usable runs, sample t of a run gets
+  A_t = (r_t − μ) / (σ + 1e-4), and 0 when σ = 0 (a group with no signal).
+
+TRL's `GRPOTrainer` does the rest (clipped loss eps_low/eps_high, DAPO token aggregation,
+optimiser) through `algos/grpo.py`'s config. TRL needs a fixed number of rows per group:
+a group is `group_size × max_calls` rows (a run answers at most `max_calls` calls); rows no
+sample fills are padding with a zero mask. TRL's own per-row advantage (its groups of rows
+are not our groups of runs) is replaced by the one above (`HarnessGRPOTrainer`, one hook).
+
+    from orchard_gym.algos.harness_grpo import HarnessGRPOArgs, train
+    train(HarnessGRPOArgs(env_id="Orchard/Toy-v0", harness="mini-swe-agent", group_size=2, prompts_per_step=1,
+                          max_calls=3), model="runs/tiny", output_dir="runs/harness-grpo", steps=2)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import random
+import re
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from orchard_gym._loop import LoopThread
+
+from .agent_rollout import BatchedGenerator, ChatRenderer
+from .grpo import AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config
+
+log = logging.getLogger(__name__)
+
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+
+@dataclass
+class HarnessGRPOArgs(AgentGRPOArgs):
+    """`AgentGRPOArgs` plus the harness side. `group_size`: runs per prompt; `max_calls`:
+    model calls answered per run (the harness is stopped and graded after that)."""
+
+    harness: str = field(default="mini-swe-agent", metadata={"help": "a built-in harness name"})
+    max_calls: int = field(default=8, metadata={"help": "model calls answered per run"})
+    gamma: float = field(default=1.0, metadata={"help": "r_t = gamma^(T-t) * r_T"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from orchard_gym.wrappers.harness import get_harness
+
+        get_harness(self.harness)  # unknown names fail here, not mid-training
+        if self.max_calls < 1:
+            raise ValueError("max_calls must be at least 1")
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ValueError("gamma must be in [0, 1]")
+        if self.algo != "grpo":
+            raise ValueError("harness GRPO samples fixed groups (algo='grpo')")
+
+    @property
+    def rows_per_group(self) -> int:
+        return self.group_size * self.max_calls
+
+
+def parse_completion(text: str) -> dict:
+    """The model's text -> the assistant message handed to the harness: `<tool_call>{json}</tool_call>`
+    blocks (the chat template's tool-call format) become tool calls, the rest is content."""
+    calls = []
+    for raw in _TOOL_CALL.findall(text):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
+            args = obj.get("arguments", {})
+            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+                          "function": {"name": obj["name"],
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    content = _TOOL_CALL.sub("", text).strip() if calls else text
+    message: dict = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+@dataclass
+class HarnessRunResult:
+    task_id: str
+    reward: float | None  # None: errored (no samples)
+    error: str | None
+    samples: list  # wrappers.reconstruct.Sample
+    calls: int
+    seconds: float
+
+
+class ContextFull(RuntimeError):
+    """The harness's request does not fit the model's context."""
+
+
+class HarnessRolloutFunc:
+    """TRL `rollout_func`: each distinct prompt (task id) gets `group_size` harness runs;
+    their samples are the rows (see the module docstring)."""
+
+    def __init__(self, args: HarnessGRPOArgs, tokenizer, *, task_ids: list[str] | None = None,
+                 max_context: int | None = None, make_env=None):
+        import gymnasium as gym
+
+        import orchard_gym  # noqa: F401 - registers the env ids
+
+        self.args = args
+        self.tokenizer = tokenizer
+        self.spec = gym.spec(args.env_id)
+        if task_ids is None:
+            probe = self.spec.make(**args.env_kwargs, backend={"type": "local"}).unwrapped
+            task_ids = args.task_ids or probe.task_ids()
+            probe.close()
+        if not task_ids:
+            raise ValueError("no training tasks")
+        self.task_pool = list(task_ids)
+        # make_env(client, proxy) -> HarnessEnv; default: the registered env with `harness=`
+        self.make_env = make_env or (lambda client, proxy: self.spec.make(
+            harness=args.harness, client=client, proxy=proxy, max_steps=args.max_calls,
+            max_seconds=args.max_seconds, **args.env_kwargs).unwrapped)
+        self.renderer = ChatRenderer(tokenizer, render_tools=args.render_tools)
+        self.max_context = max_context
+        self._model = None
+        self.generator = BatchedGenerator(lambda: self._model, tokenizer, args.sampling)
+        self.rng = random.Random(args.seed)
+        self.proxy = None
+        self.client = None
+        self.pending_stats: list[dict] = []
+        self.last_runs: list[HarnessRunResult] = []
+        self.last_rows: dict[str, list] = {}
+        self.last_advantages: list[float] = []
+        self._advantages: list[float] | None = None
+        self.__name__ = "harness_rollout"
+
+    # ------------------------------------------------------------------ TRL entry point
+    def __call__(self, prompts: list, trainer) -> dict[str, list]:
+        rows = self.args.rows_per_group
+        if trainer.num_generations != rows:
+            raise ValueError(f"GRPOConfig.num_generations ({trainer.num_generations}) must be group_size × max_calls "
+                             f"({rows})")
+        if len(prompts) % rows:
+            raise ValueError(f"{len(prompts)} prompts do not split into groups of {rows}")
+        slots = [str(prompts[i]) for i in range(0, len(prompts), rows)]
+        self._model = trainer.accelerator.unwrap_model(trainer.model)
+        return self.rollout(slots, step=trainer.state.global_step)
+
+    def rollout(self, task_ids: list[str], step: int = 0) -> dict[str, list]:
+        started = time.monotonic()
+        groups = LoopThread.shared().run(self._collect(task_ids))
+        out = self.rows(groups)
+        self.last_runs = [r for g in groups for r in g]
+        self.pending_stats.append(self._stats(groups, out, time.monotonic() - started, step))
+        return out
+
+    def pop_advantages(self) -> list[float] | None:
+        adv, self._advantages = self._advantages, None
+        return adv
+
+    # ------------------------------------------------------------------ rows and advantages
+    def rows(self, groups: list[list[HarnessRunResult]]) -> dict[str, list]:
+        """Each group's samples then padding, `rows_per_group` rows a group; advantages kept
+        for the trainer's hook."""
+        n = self.args.rows_per_group
+        out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward",
+                                                "task_id")}
+        advantages: list[float] = []
+        for group in groups:
+            usable = [r for r in group if r.error is None]
+            terminal = [r.reward for r in usable]
+            mu = sum(terminal) / len(terminal) if terminal else 0.0
+            sigma = (math.sqrt(sum((x - mu) ** 2 for x in terminal) / (len(terminal) - 1))
+                     if len(terminal) > 1 else 0.0)
+            filled = 0
+            for run in usable:
+                for s in run.samples:
+                    ids, comp = s.prompt_token_ids, s.completion_token_ids
+                    if not ids or not comp:
+                        raise RuntimeError(f"call {s.call_id} has no recorded token ids")
+                    out["prompt_ids"].append(list(ids))
+                    out["completion_ids"].append(list(comp))
+                    out["logprobs"].append([float(lp.get("logprob", 0.0)) for lp in s.logprobs or []]
+                                           or [0.0] * len(comp))
+                    out["env_mask"].append([1] * len(comp))
+                    out["env_reward"].append(s.reward)
+                    out["task_id"].append(run.task_id)
+                    advantages.append((s.reward - mu) / (sigma + 1e-4) if sigma > 0 else 0.0)
+                    filled += 1
+            if filled > n:
+                raise RuntimeError(f"{filled} samples for a group of {n} rows (max_calls not enforced?)")
+            pad_ids = [self.tokenizer.eos_token_id]
+            for _ in range(n - filled):  # padding: never trained on (mask 0, no reward, advantage 0)
+                out["prompt_ids"].append(list(pad_ids))
+                out["completion_ids"].append(list(pad_ids))
+                out["logprobs"].append([0.0])
+                out["env_mask"].append([0])
+                out["env_reward"].append(None)
+                out["task_id"].append(group[0].task_id if group else "")
+                advantages.append(0.0)
+        self._advantages = advantages
+        self.last_rows, self.last_advantages = out, list(advantages)
+        return out
+
+    # ------------------------------------------------------------------ runs
+    async def _ensure_started(self) -> None:
+        if self.proxy is None:
+            from orchard_gym.client import AsyncSandboxClient
+            from orchard_gym.envs.swe.venvs import cache_root
+            from orchard_gym.wrappers.harness import get_harness
+            from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy, default_socket_dir
+
+            harness = get_harness(self.args.harness)
+            await asyncio.to_thread(harness.install)
+            await asyncio.to_thread(harness.install_npm)
+            cache_root().mkdir(parents=True, exist_ok=True)
+            sock = os.path.join(default_socket_dir(), f"grpo-{os.getpid()}-{id(self) % 10**8}.sock")
+            self.proxy = RecordingProxy(ProxyConfig(uds=sock))
+            await self.proxy.start()
+            self.client = AsyncSandboxClient(**client_kwargs(self.args))
+
+    async def _collect(self, task_ids: list[str]) -> list[list[HarnessRunResult]]:
+        await self._ensure_started()
+        gate = asyncio.Semaphore(self.args.concurrency)
+        self.generator.active = 0
+
+        async def guarded(task_id: str) -> HarnessRunResult:
+            async with gate:
+                self.generator.active += 1
+                try:
+                    return await self.run_one(task_id)
+                finally:
+                    self.generator.active -= 1
+
+        g = self.args.group_size
+        flat = await asyncio.gather(*(guarded(t) for t in task_ids for _ in range(g)))
+        return [list(flat[i * g:(i + 1) * g]) for i in range(len(task_ids))]
+
+    async def _answer(self, info: dict) -> tuple[dict, dict]:
+        """Tokenise the harness's request once, generate, parse: (message, recorded tokens)."""
+        prompt_ids = self.renderer.prompt_ids(info["messages"], info["tools"] or None)
+        max_new = self.args.sampling.max_new_tokens
+        if self.max_context and len(prompt_ids) + max_new > self.max_context:
+            raise ContextFull(f"the harness's request is {len(prompt_ids)} tokens; with {max_new} new ones it "
+                              f"exceeds the model's context of {self.max_context}")
+        ids, logps, _stopped = await self.generator.generate(prompt_ids, max_new)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        tokens = {"prompt_token_ids": prompt_ids, "completion_token_ids": ids,
+                  "logprobs": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logps, strict=True)],
+                  "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
+                            "total_tokens": len(prompt_ids) + len(ids)}}
+        return parse_completion(text), tokens
+
+    async def run_one(self, task_id: str) -> HarnessRunResult:
+        env = self.make_env(self.client, self.proxy)
+        started = time.monotonic()
+        error = None
+        try:
+            try:
+                obs, info = await env.areset(options={"task_id": task_id})
+                while True:
+                    try:
+                        message, tokens = await self._answer(info)
+                    except ContextFull as e:
+                        await env.abort(f"context exhausted: {e}")
+                        break
+                    obs, reward, terminated, truncated, info = await env.astep(message, tokens=tokens)
+                    if terminated or truncated:
+                        break
+            except Exception as e:  # noqa: BLE001 - reset failed: an errored run, no samples
+                error = f"{type(e).__name__}: {e}"
+            t = env.trajectory
+            error = error or (t.error if t is not None else "no episode")
+            samples = [] if error else env.samples(gamma=self.args.gamma)
+            record = env.record
+            return HarnessRunResult(task_id=task_id, reward=None if error else float(t.reward), error=error,
+                                    samples=samples, calls=len(record.calls) if record else 0,
+                                    seconds=time.monotonic() - started)
+        finally:
+            await env.aclose()
+
+    # ------------------------------------------------------------------ statistics
+    def _stats(self, groups, out: dict, seconds: float, step: int) -> dict:
+        runs = [r for g in groups for r in g]
+        usable = [r for r in runs if r.error is None]
+        samples = sum(len(r.samples) for r in usable)
+        adv = [a for a, m in zip(self._advantages or [], out["env_mask"], strict=True) if any(m)]
+        return {
+            "rollout/step": step,
+            "rollout/runs": len(runs),
+            "rollout/errored_runs": len(runs) - len(usable),
+            "rollout/samples": samples,
+            "rollout/padding_rows": len(out["env_mask"]) - samples,
+            "rollout/reward_mean": _mean([r.reward for r in usable]),
+            "rollout/success_rate": _mean([float(r.reward > 0) for r in usable]),
+            "rollout/calls_per_run": _mean([r.calls for r in runs]),
+            "rollout/informative_groups": sum(1 for g in groups if len({r.reward for r in g if r.error is None}) > 1),
+            "rollout/advantage_abs_mean": _mean([abs(a) for a in adv]),
+            "rollout/seconds": seconds,
+        }
+
+    def pop_stats(self) -> dict:
+        stats, self.pending_stats = self.pending_stats, []
+        return stats[-1] if stats else {}
+
+    async def aclose(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+        if self.proxy is not None:
+            await self.proxy.stop()
+            self.proxy = None
+
+    def close(self) -> None:
+        LoopThread.shared().run(self.aclose())
+
+
+def _mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _trainer_class():
+    """`GRPOTrainer` with our advantages (built lazily: no TRL import at module import)."""
+    import torch
+    from trl import GRPOTrainer
+
+    class HarnessGRPOTrainer(GRPOTrainer):
+        def _generate_and_score_completions(self, inputs):
+            output = super()._generate_and_score_completions(inputs)
+            ours = self.rollout_func.pop_advantages()
+            if ours is None or len(ours) != output["advantages"].shape[0]:
+                raise RuntimeError(f"harness advantages missing or misaligned ({None if ours is None else len(ours)} "
+                                   f"for {output['advantages'].shape[0]} rows)")
+            output["advantages"] = torch.tensor(ours, dtype=output["advantages"].dtype,
+                                                device=output["advantages"].device)
+            return output
+
+    return HarnessGRPOTrainer
+
+
+def build_trainer(model, tokenizer, args: HarnessGRPOArgs, config, *, task_ids: list[str] | None = None,
+                  metrics_path: str | Path | None = None, make_env=None):
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+
+    logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    rollout = HarnessRolloutFunc(args, tokenizer, task_ids=task_ids, max_context=max_context, make_env=make_env)
+    ids = list(rollout.task_pool)
+    while len(ids) < args.prompts_per_step:
+        ids += rollout.task_pool
+    callbacks = [MetricsCallback(metrics_path, rollout)] if metrics_path is not None else []
+    trainer = _trainer_class()(model=model, reward_funcs=[env_reward], args=config,
+                               train_dataset=Dataset.from_dict({"prompt": ids}), processing_class=tokenizer,
+                               rollout_func=rollout, callbacks=callbacks)
+    return trainer, rollout
+
+
+def grpo_config(output_dir: str | Path, args: HarnessGRPOArgs, *, steps: int, learning_rate: float = 1e-6,
+                **overrides):
+    """`algos/grpo.py`'s config with TRL's group = our group's rows."""
+    rows = replace(args, group_size=args.rows_per_group)
+    return make_grpo_config(output_dir, rows, steps=steps, learning_rate=learning_rate, **overrides)
+
+
+def train(args: HarnessGRPOArgs, model: str, output_dir: str | Path, *, steps: int, learning_rate: float = 1e-6,
+          save: bool = True, **config_overrides) -> dict:
+    """Train `model` (a path) on harness samples; metrics in OUTPUT_DIR/metrics.jsonl."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    metrics = out / "metrics.jsonl"
+    if metrics.exists():
+        metrics.unlink()
+    (out / "args.json").write_text(json.dumps(args.to_json(), indent=2, default=str))
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    policy = AutoModelForCausalLM.from_pretrained(model)
+    config = grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
+    trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
+    try:
+        result = trainer.train()
+    finally:
+        rollout.close()
+    if save:
+        trainer.save_model(str(out / "final"))
+        tokenizer.save_pretrained(str(out / "final"))
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    summary = {"steps": result.global_step, "train_runtime": result.metrics.get("train_runtime"),
+               "metrics": str(metrics), "first": rows[0] if rows else None, "last": rows[-1] if rows else None,
+               "rows": rows}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return summary

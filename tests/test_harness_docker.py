@@ -1,0 +1,134 @@
+"""Codex CLI in a docker sandbox (Podman): a blocked sandbox (internal network, the host
+guard open only at the proxy's port) reaching the recording proxy over TCP and nothing
+else; the harness's static binary shipped in (the task image gets nothing added). The
+scripted policy solves the task (1.0), a do-nothing policy fails it (0.0); an egress probe
+run by the harness's own shell tool shows the proxy answers and other addresses do not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import gymnasium as gym
+import pytest
+
+from conftest import docker_engine, needs, require, require_module
+
+require_module("server", "fastapi")
+require("harnesses", None if shutil.which("npm") else "npm is not installed")
+
+import orchard_gym  # noqa: E402,F401
+from orchard_gym._loop import LoopThread  # noqa: E402
+from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
+from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
+
+TASK = "semver-3.0.2"
+SPEC = load_tasks("builtin")[TASK]
+
+
+def _missing() -> str | None:
+    gateway, why_not = docker_engine()
+    if gateway is None:
+        return why_not
+    if subprocess.run(["podman", "image", "exists", SPEC.image], capture_output=True).returncode != 0:
+        return f"{SPEC.image} is missing (python scripts/build_swe_images.py)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", 0))
+        return s.getsockname()[1]
+
+
+class _Decoy(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"DECOY")
+
+    def log_message(self, *a):
+        pass
+
+
+PROBE = r'''python3 - <<'PY'
+import os, socket, urllib.request
+base = os.environ["OPENAI_BASE_URL"].split("/r/")[0]
+try:
+    print("PROXY", urllib.request.urlopen(base + "/health", timeout=5).status)
+except Exception as e:
+    print("PROXY-FAILED", e)
+for name, addr in [("HOST-OTHER-PORT", (os.environ["PROBE_HOST"], int(os.environ["PROBE_PORT"]))),
+                   ("OUTSIDE", ("1.1.1.1", 80)), ("OUTSIDE-DNS", ("8.8.8.8", 53))]:
+    s = socket.socket(); s.settimeout(4)
+    try:
+        s.connect(addr); print(name, "REACHED")
+    except OSError as e:
+        print(name, "BLOCKED", type(e).__name__)
+    finally:
+        s.close()
+PY'''
+
+
+@pytest.fixture(scope="module")
+def docker_proxy():
+    port = _free_port()
+    proxy = RecordingProxy(ProxyConfig(host="0.0.0.0", port=port))
+    decoy = ThreadingHTTPServer(("0.0.0.0", 0), _Decoy)  # a host service a sandbox must not reach
+    threading.Thread(target=decoy.serve_forever, daemon=True).start()
+    yield proxy, {"type": "docker", "host_guard_allow_ports": [port]}, decoy.server_address[1]
+    decoy.shutdown()
+    decoy.server_close()
+    if proxy.loop is not None:  # started by the first env, on the shared loop
+        LoopThread.shared().run(proxy.stop())
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+@needs("swe-images", _missing())
+def test_codex_in_docker_solves_fails_and_reaches_only_the_proxy(docker_proxy):
+    proxy, backend, decoy_port = docker_proxy
+    env = gym.make("Orchard/SWE-v0", harness="codex", backend=backend, proxy=proxy, network="proxy",
+                   max_seconds=600)
+    try:
+        obs, info = env.reset(options={"task_id": TASK})
+        assert info["endpoint"] == "responses" and info["request"]["stream"] is True
+        box = env.unwrapped.task_env.sandbox
+        host = box.record.details["host_address"]
+        gold = f"git apply <<'ORCHARD_EOF'\n{SPEC.patch}\nORCHARD_EOF\necho applied-$?"
+        probe = f"export PROBE_HOST={host} PROBE_PORT={decoy_port}\n{PROBE}"
+        obs, reward, terminated, truncated, info = env.step(
+            {"role": "assistant", "content": None, "tool_calls": [{"name": "exec_command", "arguments": {"cmd": probe}},
+                                                                  {"name": "exec_command", "arguments": {"cmd": gold}}]})
+        assert not (terminated or truncated), info
+        outputs = [m["content"] for m in json.loads(obs)["messages"] if m["role"] == "tool"]
+        text = "\n".join(outputs)
+        assert "PROXY 200" in text, text
+        assert "HOST-OTHER-PORT BLOCKED" in text and "OUTSIDE BLOCKED" in text and "OUTSIDE-DNS BLOCKED" in text, text
+        assert "applied-0" in text
+        obs, reward, terminated, truncated, info = env.step("The fix is applied.")
+        assert (reward, terminated, truncated) == (1.0, True, False), info
+        record = env.unwrapped.record
+        assert record.status == "finished" and len(record.calls) == 2 and all(c.ok and c.stream for c in record.calls)
+        # the same harness, doing nothing: 0.0
+        obs, info = env.reset(options={"task_id": TASK})
+        obs, reward, terminated, truncated, info = env.step("Nothing to do.")
+        assert (reward, terminated, truncated) == (0.0, True, False) and "error" not in info, info
+        assert env.unwrapped.record.reward == 0.0 and len(env.unwrapped.record.calls) == 1
+    finally:
+        env.close()
+
+
+def test_proxy_network_mode_refuses_what_cannot_work():
+    env = gym.make("Orchard/SWE-v0", harness="codex", backend={"type": "local"}, network="proxy")
+    with pytest.raises(gym.error.Error, match="needs a started proxy"):
+        env.reset(options={"task_id": TASK})
+    env.close()
+    with pytest.raises(gym.error.Error, match="network must be"):
+        gym.make("Orchard/SWE-v0", harness="codex", network="everywhere")
+    with pytest.raises(gym.error.Error, match="runs from a venv on the host"):
+        gym.make("Orchard/SWE-v0", harness="mini-swe-agent", network="proxy")

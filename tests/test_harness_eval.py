@@ -1,0 +1,65 @@
+"""Harness evaluation: the same tasks through several harnesses, one table, every run's
+trajectory and recorded calls in the JSONL; the CLI's bad input. Real harness processes
+(the stdlib ReAct harness, as two named harnesses) in real local sandboxes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import require_module
+
+require_module("server", "fastapi")
+
+from harness_scripts import react  # noqa: E402
+from orchard_gym.cli import main  # noqa: E402
+from orchard_gym.wrappers.harness_eval import evaluate_harnesses, format_table, policy_from_spec, summary_table  # noqa: E402
+
+TASK = "semver-3.0.2"
+
+
+def harnesses():
+    plain = react().model_copy(update={"name": "react-plain", "finish": "DONE"})
+    stream = react("stream").model_copy(update={"name": "react-stream", "finish": "DONE"})
+    return [plain, stream]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("policy, resolved", [("oracle", 1), ("nothing", 0)])
+def test_eval_compares_harnesses_on_the_same_tasks(local_root, tmp_path, policy, resolved):
+    out = tmp_path / "runs.jsonl"
+    runs = evaluate_harnesses(harnesses(), "Orchard/SWE-v0", [TASK], policy_from_spec(policy),
+                              backend={"type": "local", "root": str(local_root)}, concurrency=2, max_steps=5,
+                              max_seconds=300, out=out, progress=False)
+    assert [(r.harness, r.task_id, r.error) for r in runs] == [("react-plain", TASK, None), ("react-stream", TASK, None)]
+    assert [r.resolved for r in runs] == [bool(resolved)] * 2
+    table = summary_table(runs)
+    assert [(row["harness"], row["runs"], row["resolved"], row["resolve_rate"]) for row in table] == [
+        ("react-plain", 1, resolved, float(resolved)), ("react-stream", 1, resolved, float(resolved))]
+    text = format_table(runs)
+    assert "react-plain" in text and f"{resolved}/1" in text.splitlines()[-1]
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(line["harness"] for line in lines) == ["react-plain", "react-stream"]
+    for line in lines:
+        calls = line["record"]["calls"]
+        assert len(calls) == (2 if policy == "oracle" else 1) and all(c["response"] and c["request"] for c in calls)
+        assert line["trajectory"]["task_id"] == TASK and line["reward"] == float(resolved)
+        streamed = line["harness"] == "react-stream"
+        assert all(c["stream"] is streamed for c in calls)
+
+
+def test_eval_harness_cli_rejects_bad_input():
+    runner = CliRunner()
+    for argv, message in [
+        (["eval", "--harness", "no-such-harness"], "unknown harness"),
+        (["eval", "--harness", "codex,codex"], "named twice"),
+        (["eval", "--harness", ","], "unknown harness"),
+        (["eval", "--harness", "codex", "--policy", "gpt"], "unknown policy"),
+        (["eval", "--harness", "codex", "--policy", "openai:nourl"], "unknown policy"),
+        (["eval", "--harness", "codex", "--task-id", "no-such-task"], "unknown task ids"),
+        (["train", "grpo", "--model", "x", "--harness", "no-such-harness"], "unknown harness"),
+    ]:
+        result = runner.invoke(main, argv)
+        assert result.exit_code != 0 and message in result.output, (argv, result.output)
