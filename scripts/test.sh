@@ -10,6 +10,7 @@ bash scripts/install.sh dev,server,docker,k8s,train   # train: torch (CPU), tran
 bash scripts/build_test_images.sh     # localhost/orchard/{bookworm,busybox}, only if missing
 bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed
 .venv/bin/python scripts/build_swe_images.py   # one image per SWE task, only if its inputs changed
+bash scripts/install_claude_code.sh   # Claude Code from npm (pinned), only if not yet in the harness cache
 
 # The docker backend's tests talk to Podman's Docker API. Stop the service afterwards only
 # if we started it (someone else's service on this machine keeps running).

@@ -73,7 +73,14 @@ def test_messages_whole_and_streamed_are_recorded_as_chat_samples(proxy, admin):
     assert text == final.content[0].text == "echo: streamed words" and final.stop_reason == "end_turn"
     assert final.usage.output_tokens == 3
 
-    first, second = record(admin, rollout)["calls"]
+    # a 'system' turn inside messages (Claude Code 2.1 sends its environment notes that way)
+    turns = [{"role": "user", "content": "task"}, {"role": "system", "content": [{"type": "text", "text": "env: linux"}]},
+             {"role": "user", "content": "go"}]
+    assert c.messages.create(model="stub", max_tokens=8, messages=turns).content[0].text == "echo: go"
+
+    first, second, third = record(admin, rollout)["calls"]
+    assert third["messages"] == [{"role": "user", "content": "task"}, {"role": "system", "content": "env: linux"},
+                                 {"role": "user", "content": "go"}]
     assert first["endpoint"] == second["endpoint"] == "messages" and second["stream"] and not first["stream"]
     assert first["request"]["stop_sequences"] == ["###"] and first["request"]["system"] == "be brief"  # as the harness sent it
     assert first["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]

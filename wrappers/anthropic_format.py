@@ -66,8 +66,10 @@ def check_prompt(body: Any) -> dict:
     if not isinstance(messages, list) or not messages:
         raise FormatError("'messages' must be a non-empty list")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
-            raise FormatError(f"messages[{i}] must be an object with role 'user' or 'assistant'")
+        # 'system' turns inside `messages`: what Claude Code 2.1 sends for its mid-conversation reminders
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
+            got = f"role {m.get('role')!r}" if isinstance(m, dict) else type(m).__name__
+            raise FormatError(f"messages[{i}] must be an object with role 'user', 'assistant' or 'system', not {got}")
         content = m.get("content")
         if not isinstance(content, (str, list)):
             raise FormatError(f"messages[{i}].content must be a string or a list of content blocks")
@@ -146,8 +148,9 @@ def prompt_of_messages(body: dict) -> tuple[list[dict], list[dict]]:
                 message["reasoning_content"] = "".join(thinking)
             out.append(message)
             continue
+        role = "system" if m.get("role") == "system" else "user"
         if isinstance(content, str):
-            out.append({"role": "user", "content": content})
+            out.append({"role": role, "content": content})
             continue
         # tool results first (they answer the previous assistant turn), then the rest as one user message
         for b in content:
@@ -158,7 +161,7 @@ def prompt_of_messages(body: dict) -> tuple[list[dict], list[dict]]:
                             "content": text if text != [] else ""})
         rest = _parts([b for b in content if b.get("type") != "tool_result"])
         if rest:
-            out.append({"role": "user", "content": _content_of(rest)})
+            out.append({"role": role, "content": _content_of(rest)})
     tools = [{"type": "function", "function": {"name": t["name"], "description": t.get("description", ""),
                                                "parameters": t.get("input_schema") or {"type": "object"}}}
              for t in body.get("tools") or [] if isinstance(t, dict) and "name" in t]

@@ -93,3 +93,5 @@ def get_harness(spec: str | dict | Harness) -> Harness:
         return HARNESSES[spec]
     except KeyError:
         raise ValueError(f"unknown harness {spec!r}; known: {sorted(HARNESSES)} (or pass a Harness)") from None
+
+from .harnesses import claude_code  # noqa: E402,F401 - registers itself in HARNESSES

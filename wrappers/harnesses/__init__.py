@@ -1,0 +1,1 @@
+"""Harness definitions, one small module each (data: install, command, environment)."""
