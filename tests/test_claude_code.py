@@ -136,3 +136,13 @@ def test_claude_code_against_an_openai_compatible_upstream(tmp_path):
             assert call.usage["completion_tokens"] > 0 and call.time_to_first_byte > 0
         finally:
             proxy.stop_in_thread()
+
+
+def test_npm_harness_without_npm_is_a_clear_error(tmp_path, monkeypatch):
+    from orchard_gym.wrappers.harnesses.claude_code import NpmHarness
+
+    monkeypatch.setenv("ORCHARD_CACHE", str(tmp_path))
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(RuntimeError, match="needs npm"):
+        NpmHarness(name="x", command="true", npm=["left-pad@1.3.0"]).install()
+    assert not (tmp_path / "harness" / "npm").exists() or not any((tmp_path / "harness" / "npm").iterdir())
