@@ -195,14 +195,16 @@ def test_upstream_failures_come_back_in_anthropics_error_shape(proxy, admin, mod
     assert call["status_code"] == status and words in call["error"] and call["message"] is None
 
 
-def test_broken_upstream_stream_ends_with_an_error_event(proxy, admin):
+@pytest.mark.parametrize("model, words", [("stub-broken-stream", "not JSON"),
+                                          ("stub-error-stream", "engine fell over mid-stream")])
+def test_broken_upstream_stream_ends_with_an_error_event(proxy, admin, model, words):
     rollout = open_rollout(admin)
-    with pytest.raises(anthropic.APIStatusError, match="not JSON"):
-        with claude(proxy, rollout).messages.stream(model="stub-broken-stream", max_tokens=8,
+    with pytest.raises(anthropic.APIStatusError, match=words):
+        with claude(proxy, rollout).messages.stream(model=model, max_tokens=8,
                                                     messages=[{"role": "user", "content": "x"}]) as s:
             s.get_final_message()
     (call,) = record(admin, rollout)["calls"]
-    assert "not JSON" in call["error"] and call["message"] is None
+    assert words in call["error"] and call["message"] is None
 
 
 def test_auth_garbage_and_the_other_endpoints(proxy, admin):

@@ -236,6 +236,8 @@ class _Model:
                 if out:
                     yield b"".join(out)
                 if call.error:
+                    if translator is not None:  # the upstream's own error event was chat-shaped: say it in Anthropic's
+                        yield sse_event("error", anthropic_error(502, call.error))
                     return
             if buffer.strip():
                 final = self._parse_event(call, buffer.decode("utf-8", "replace").split("\n"), assembler,
