@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .anthropic_format import MESSAGES, anthropic_error, check_prompt, estimate_input_tokens
 from .openai_format import CHAT, RESPONSES, FormatError, assistant_message, error_body
-from .proxy_calls import _bearer, _error, _error_for, _Model
+from .proxy_calls import _bearer, _error_for, _Model
 from .proxy_models import Answer, FinishRollout, OpenRollout, ProxyConfig
 from .records import Rollout, RolloutClosed, RolloutNotFound, RolloutStore
 
