@@ -3,10 +3,12 @@
     python scripts/bench_proxy.py [-n 400] [--concurrency 16]
 
 Starts the stub upstream (`orchard_gym.wrappers.stub`) and the proxy (`orchard proxy
---upstream ...`) as processes of their own on loopback, opens one rollout, then
-alternates calls to the stub directly and through the proxy (same client, keep-alive,
-same request), non-streaming and streaming (to the last byte). Prints p50/p95 of both
-and the added latency, measured in the same run. Then the same with `--concurrency`
+--upstream ...`) as processes of their own on loopback, opens one rollout, then, per
+door (chat completions, Responses, Anthropic Messages), alternates calls to the stub
+directly and through the proxy (same client, keep-alive, same prompt), non-streaming and
+streaming (to the last byte). The Messages door's direct baseline is the chat call it
+makes upstream (the stub speaks no Messages API). Prints p50/p95 of both and the added
+latency, measured in the same run. Then the same with `--concurrency`
 clients at once (throughput). Everything stops by itself.
 """
 
@@ -77,28 +79,40 @@ def main() -> None:
         wait_up(stub + "/models")
         wait_up(proxy + "/health")
         rollout = httpx.post(proxy + "/rollouts", json={}, headers={"Authorization": "Bearer bench"}).json()
-        via = {"url": rollout["base_url"] + "/chat/completions", "headers": {"Authorization": f"Bearer {rollout['token']}"}}
+        auth = {"Authorization": f"Bearer {rollout['token']}"}
+        via = {"url": rollout["base_url"] + "/chat/completions", "headers": auth}
         direct = {"url": stub + "/chat/completions", "headers": {}}
-        messages = [{"role": "system", "content": "You are a coding agent. " * 20},
-                    {"role": "user", "content": "Fix the failing test in tests/test_parse.py. " * 10}]
+        system, task = "You are a coding agent. " * 20, "Fix the failing test in tests/test_parse.py. " * 10
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task}]
+        chat = {"model": "stub", "messages": messages, "temperature": 0.0, "max_tokens": 256}
+        responses = {"model": "stub", "instructions": system, "input": task, "temperature": 0.0}
+        anthropic = {"model": "stub", "system": system, "messages": [{"role": "user", "content": task}],
+                     "max_tokens": 256}
+        # (label, direct url, direct body, proxied url, its headers, proxied body)
+        doors = [("chat", direct["url"], chat, via["url"], auth, chat),
+                 ("responses", stub + "/responses", responses, rollout["base_url"] + "/responses", auth, responses),
+                 ("messages", direct["url"], chat, rollout["base_url"] + "/messages",
+                  {"x-api-key": rollout["token"], "anthropic-version": "2023-06-01"}, anthropic)]
         print(f"recording proxy vs direct upstream (stub on loopback), {args.n} calls per series, "
               f"{os.cpu_count()} CPUs\n")
-        print(f"{'series':<22}{'direct p50':>12}{'p95':>9}{'proxy p50':>12}{'p95':>9}{'added p50':>12}{'p95':>9}{'ratio p50':>11}")
+        print(f"{'series':<26}{'direct p50':>12}{'p95':>9}{'proxy p50':>12}{'p95':>9}{'added p50':>12}{'p95':>9}{'ratio p50':>11}")
         with httpx.Client(timeout=30, limits=httpx.Limits(max_keepalive_connections=64)) as http:
-            for label, stream in (("chat, non-streaming", False), ("chat, streaming (SSE)", True)):
-                body = {"model": "stub", "messages": messages, "stream": stream, "temperature": 0.0}
+            for (door, d_url, d_body, p_url, p_headers, p_body), stream in (
+                    (door, stream) for door in doors for stream in (False, True)):
+                label = f"{door}, {'streaming (SSE)' if stream else 'non-streaming'}"
+                d_body, p_body = {**d_body, "stream": stream}, {**p_body, "stream": stream}
                 for _ in range(20):  # warm-up: connections, code paths
-                    one(http, direct["url"], direct["headers"], body)
-                    one(http, via["url"], via["headers"], body)
+                    one(http, d_url, {}, d_body)
+                    one(http, p_url, p_headers, p_body)
                 d, p = [], []
                 for _ in range(args.n):  # interleaved: both series see the same machine
-                    d.append(one(http, direct["url"], direct["headers"], body))
-                    p.append(one(http, via["url"], via["headers"], body))
+                    d.append(one(http, d_url, {}, d_body))
+                    p.append(one(http, p_url, p_headers, p_body))
                 ms = [1000 * x for x in (pct(d, .5), pct(d, .95), pct(p, .5), pct(p, .95))]
-                print(f"{label:<22}{ms[0]:>10.2f}ms{ms[1]:>7.2f}ms{ms[2]:>10.2f}ms{ms[3]:>7.2f}ms"
+                print(f"{label:<26}{ms[0]:>10.2f}ms{ms[1]:>7.2f}ms{ms[2]:>10.2f}ms{ms[3]:>7.2f}ms"
                       f"{ms[2] - ms[0]:>10.2f}ms{ms[3] - ms[1]:>7.2f}ms{ms[2] / ms[0]:>10.2f}x")
 
-            body = {"model": "stub", "messages": messages, "temperature": 0.0}
+            body = chat
             print(f"\nthroughput, {args.concurrency} concurrent clients, non-streaming:")
             for label, target in (("direct", direct), ("proxy", via)):
                 with ThreadPoolExecutor(args.concurrency) as pool:
@@ -109,7 +123,9 @@ def main() -> None:
                       f"p95 {1000 * pct(lat, .95):.2f}ms")
         record = httpx.get(f"{proxy}/rollouts/{rollout['rollout_id']}", headers={"Authorization": "Bearer bench"}).json()
         ok = sum(1 for c in record["calls"] if c["error"] is None)
-        print(f"\nrecorded {len(record['calls'])} calls in the rollout ({ok} ok); "
+        by_door = {e: sum(1 for c in record["calls"] if c["endpoint"] == e) for e in ("chat.completions", "responses",
+                                                                                    "messages")}
+        print(f"\nrecorded {len(record['calls'])} calls in the rollout ({ok} ok; {by_door}); "
               f"proxy-internal median latency {1000 * statistics.median(c['latency'] for c in record['calls']):.2f}ms")
     finally:
         for proc in procs:

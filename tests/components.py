@@ -37,6 +37,8 @@ COMPONENTS = {
     "redis": "redis-py (extra [server]) and redis-server (scripts/setup_system.sh)",
     "server": "FastAPI and uvicorn (extra [server]): the orchestrator, the recording proxy",
     "openai": "the official openai client (extra [dev])",
+    "anthropic": "the official anthropic client (extra [dev])",
+    "claude-code": "Claude Code from npm (scripts/install_harnesses.sh)",
     "openssl": "the openssl CLI (scripts/setup_system.sh): test TLS certificates",
     "schemathesis": "schemathesis (extra [dev]): the API fuzz test",
     "swe-images": "one image per built-in SWE task (scripts/build_swe_images.py)",

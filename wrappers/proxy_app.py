@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import secrets
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, Response
 
+from .anthropic_format import MESSAGES, anthropic_error, check_prompt, estimate_input_tokens
 from .openai_format import CHAT, RESPONSES, FormatError, assistant_message, error_body
-from .proxy_calls import _bearer, _error, _Model
+from .proxy_calls import _bearer, _error_for, _Model
 from .proxy_models import Answer, FinishRollout, OpenRollout, ProxyConfig
 from .records import Rollout, RolloutClosed, RolloutNotFound, RolloutStore
 
@@ -74,17 +76,57 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
     async def responses(rollout_id: str, request: Request):
         return await model.call(request, rollout_id, RESPONSES)
 
-    @app.get("/r/{rollout_id}/v1/models", include_in_schema=False)
-    async def models(rollout_id: str, request: Request):
+    @app.post("/r/{rollout_id}/v1/messages", include_in_schema=False)
+    async def messages(rollout_id: str, request: Request):
+        return await model.call(request, rollout_id, MESSAGES)
+
+    def authorized(request: Request, rollout_id: str) -> Rollout | JSONResponse:
+        """The rollout, or the error (in the caller's dialect: Anthropic's when it sent anthropic-version)."""
+        endpoint = MESSAGES if "anthropic-version" in request.headers else CHAT
         try:
             rollout = store.get(rollout_id)
         except RolloutNotFound as e:
-            return _error(404, str(e), "rollout_not_found")
+            return _error_for(endpoint, 404, str(e), "rollout_not_found")
         if not rollout.check_token(_bearer(request)):
             rollout.reject("missing or wrong rollout token", request.url.path)
-            return _error(401, "missing or wrong rollout token", "invalid_api_key", "authentication_error")
-        name = (config.upstream_model or config.model_name) if rollout.record.mode == "upstream" else config.model_name
-        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0, "owned_by": "orchard-gym"}]}
+            return _error_for(endpoint, 401, "missing or wrong rollout token", "invalid_api_key",
+                              "authentication_error")
+        return rollout
+
+    @app.post("/r/{rollout_id}/v1/messages/count_tokens", include_in_schema=False)
+    async def count_tokens(rollout_id: str, request: Request):
+        rollout = authorized(request, rollout_id)
+        if isinstance(rollout, JSONResponse):
+            return rollout
+        try:
+            body = check_prompt(json.loads(await request.body()))
+        except (ValueError, FormatError) as e:
+            rollout.reject(f"bad request: {e}", request.url.path)
+            return JSONResponse(anthropic_error(400, f"bad request: {e}"), status_code=400)
+        return {"input_tokens": estimate_input_tokens(body)}  # an estimate: the proxy has no tokenizer
+
+    def model_names(rollout: Rollout) -> list[str]:
+        return [(config.upstream_model or config.model_name) if rollout.record.mode == "upstream" else config.model_name]
+
+    def model_entry(name: str) -> dict:  # both dialects' fields: OpenAI's and Anthropic's clients read theirs
+        return {"id": name, "object": "model", "created": 0, "owned_by": "orchard-gym", "type": "model",
+                "display_name": name, "created_at": "1970-01-01T00:00:00Z"}
+
+    @app.get("/r/{rollout_id}/v1/models", include_in_schema=False)
+    async def models(rollout_id: str, request: Request):
+        rollout = authorized(request, rollout_id)
+        if isinstance(rollout, JSONResponse):
+            return rollout
+        names = model_names(rollout)
+        return {"object": "list", "data": [model_entry(n) for n in names], "has_more": False,
+                "first_id": names[0], "last_id": names[-1]}
+
+    @app.get("/r/{rollout_id}/v1/models/{name:path}", include_in_schema=False)
+    async def one_model(rollout_id: str, name: str, request: Request):
+        rollout = authorized(request, rollout_id)
+        if isinstance(rollout, JSONResponse):
+            return rollout
+        return model_entry(name)  # whatever the harness names is served (the proxy picks the model)
 
     # ------------------------------------------------------------------ control API
     @app.get("/health")
@@ -171,6 +213,17 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
     async def export(status: str | None = None):
         records = store.records([status] if status else None)
         return Response("".join(r.model_dump_json() + "\n" for r in records), media_type="application/x-ndjson")
+
+    @app.api_route("/r/{rollout_id}/{rest:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"],
+                   include_in_schema=False)
+    async def unknown(rollout_id: str, rest: str, request: Request):
+        """Endpoints no door serves: noted on the rollout (so a harness's surprises show)."""
+        rollout = authorized(request, rollout_id)
+        if isinstance(rollout, JSONResponse):
+            return rollout
+        rollout.reject(f"no such endpoint: {request.method} /{rest}", request.url.path)
+        endpoint = MESSAGES if "anthropic-version" in request.headers else CHAT
+        return _error_for(endpoint, 404, f"the proxy has no endpoint {request.method} /{rest}", "not_found")
 
     app.add_middleware(_UnixSocketGuard)
     return app

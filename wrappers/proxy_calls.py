@@ -14,6 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from .openai_format import (
     CHAT,
+    RESPONSES,
     ChatStreamAssembler,
     FormatError,
     assistant_message,
@@ -31,6 +32,16 @@ from .openai_format import (
     tokens_of,
     usage_of_response,
 )
+from .anthropic_format import (
+    MESSAGES,
+    ChatToMessagesStream,
+    anthropic_error,
+    chat_request,
+    check_messages_request,
+    message_events,
+    messages_object_of_chat,
+    sse_event,
+)
 from .records import CallRecord, Rollout, RolloutClosed, RolloutNotFound, RolloutStore
 from .proxy_models import ProxyConfig
 
@@ -41,11 +52,18 @@ def _bearer(request: Request) -> str | None:
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
-    return request.headers.get("api-key")
+    return request.headers.get("x-api-key") or request.headers.get("api-key")  # Anthropic's, Azure's
 
 
 def _error(status: int, message: str, code: str, type_: str = "invalid_request_error", **extra) -> JSONResponse:
     return JSONResponse(error_body(message, type_, code, **extra), status_code=status)
+
+
+def _error_for(endpoint: str, status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
+    """An error in the shape the door's clients parse: Anthropic's for the Messages door."""
+    if endpoint == MESSAGES:
+        return JSONResponse(anthropic_error(status, message), status_code=status)
+    return _error(status, message, code, type_)
 
 
 async def _disconnected(request: Request) -> None:
@@ -75,20 +93,21 @@ class _Model:
         try:
             rollout = self.store.get(rollout_id)
         except RolloutNotFound as e:
-            return _error(404, str(e), "rollout_not_found")
+            return _error_for(endpoint, 404, str(e), "rollout_not_found")
         if not rollout.check_token(_bearer(request)):
             rollout.reject("missing or wrong rollout token", request.url.path)
-            return _error(401, "missing or wrong rollout token (Authorization: Bearer <token>)", "invalid_api_key",
-                          "authentication_error")
+            return _error_for(endpoint, 401, "missing or wrong rollout token (Authorization: Bearer <token>, "
+                              "or x-api-key: <token>)", "invalid_api_key", "authentication_error")
         if rollout.record.status != "open":
             rollout.reject(f"request after the rollout was {rollout.record.status}", request.url.path)
-            return _error(409, f"rollout {rollout_id} is {rollout.record.status}; it takes no more calls",
-                          "rollout_finished")
+            return _error_for(endpoint, 409, f"rollout {rollout_id} is {rollout.record.status}; it takes no more calls",
+                              "rollout_finished")
         try:
-            body = check_request(endpoint, json.loads(await request.body()))
+            raw = json.loads(await request.body())
+            body = check_messages_request(raw) if endpoint == MESSAGES else check_request(endpoint, raw)
         except (ValueError, FormatError) as e:
             rollout.reject(f"bad request: {e}", request.url.path)
-            return _error(400, f"bad request: {e}", "bad_request")
+            return _error_for(endpoint, 400, f"bad request: {e}", "bad_request")
         call = rollout.new_call(endpoint, body, bool(body.get("stream")))
         if rollout.record.mode == "policy":
             return await self._from_policy(request, rollout, call, arrived)
@@ -101,7 +120,7 @@ class _Model:
               type_: str = "proxy_error") -> JSONResponse:
         call.error, call.status_code = message, status
         self._close(call, arrived)
-        return _error(status, message, code, type_)
+        return _error_for(call.endpoint, status, message, code, type_)
 
     @staticmethod
     def _close(call: CallRecord, arrived: float) -> None:
@@ -111,7 +130,7 @@ class _Model:
     def _record(self, call: CallRecord, data: dict) -> None:
         """Keep a whole (or assembled) upstream/policy answer on the call."""
         call.response, call.status_code = data, 200
-        if call.endpoint == CHAT:
+        if call.endpoint in (CHAT, MESSAGES):
             choice = data["choices"][0]
             call.message, call.finish_reason = choice.get("message"), choice.get("finish_reason")
             call.usage = data.get("usage")
@@ -119,14 +138,17 @@ class _Model:
             call.prompt_token_ids = call.prompt_token_ids or tokens["prompt_token_ids"]
             call.completion_token_ids = call.completion_token_ids or tokens["completion_token_ids"]
             call.logprobs = call.logprobs or tokens["logprobs"]
+            if call.endpoint == MESSAGES:  # keep what the harness got: the Messages object
+                call.response = messages_object_of_chat(data, call.request.get("model") or "")
+                call.finish_reason = call.response["stop_reason"]
         else:
             call.message, call.usage = message_of_response(data), usage_of_response(data)
             call.finish_reason = data.get("status")
 
     # ------------------------------------------------------------------ upstream mode
     async def _from_upstream(self, call: CallRecord, arrived: float) -> Response:
-        path = "/chat/completions" if call.endpoint == CHAT else "/responses"
-        body = dict(call.request)
+        path = "/responses" if call.endpoint == RESPONSES else "/chat/completions"
+        body = chat_request(call.request) if call.endpoint == MESSAGES else dict(call.request)
         if self.config.upstream_model:
             body["model"] = self.config.upstream_model
         sent = time.monotonic()
@@ -162,11 +184,15 @@ class _Model:
             if 400 <= status < 500 and isinstance(upstream_error, dict) and "error" in upstream_error:
                 call.error, call.status_code = message, status  # the harness's own mistake: pass it through
                 self._close(call, arrived)
+                if call.endpoint == MESSAGES:
+                    detail = upstream_error["error"]
+                    detail = detail.get("message", text) if isinstance(detail, dict) else str(detail)
+                    return JSONResponse(anthropic_error(status, detail), status_code=status)
                 return JSONResponse(upstream_error, status_code=status)
             return self._fail(call, arrived, 502 if status >= 500 else status, message, "upstream_error")
         try:
             data = json.loads(text)
-            data = check_chat_completion(data) if call.endpoint == CHAT else check_response(data)
+            data = check_response(data) if call.endpoint == RESPONSES else check_chat_completion(data)
         except (ValueError, FormatError) as e:
             return self._fail(call, arrived, 502, f"the upstream's answer is not valid: {e}; it began {text[:200]!r}",
                               "upstream_bad_response")
@@ -176,12 +202,16 @@ class _Model:
             self._close(call, arrived)
             return StreamingResponse(self._replay(call, data), media_type="text/event-stream")
         self._close(call, arrived)
+        if call.endpoint == MESSAGES:
+            return JSONResponse(call.response)
         return Response(raw, media_type="application/json")  # the upstream's own bytes
 
     async def _relay(self, call: CallRecord, arrived: float, resp: httpx.Response):
         """Pass the upstream's SSE events through as they come (whole events only, all those
         of one read in one write), assembling the whole answer."""
-        assembler = ChatStreamAssembler() if call.endpoint == CHAT else None
+        assembler = None if call.endpoint == RESPONSES else ChatStreamAssembler()
+        # the Messages door translates each chunk into Messages events instead of passing it through
+        translator = ChatToMessagesStream(call.request.get("model") or "") if call.endpoint == MESSAGES else None
         final: dict | None = None
         buffer = b""
         try:
@@ -194,22 +224,32 @@ class _Model:
                     block, buffer = buffer[:end], buffer[end + 2:]
                     if not block.strip():
                         continue
-                    final = self._parse_event(call, block.decode("utf-8", "replace").split("\n"), assembler) or final
-                    out.append(block + b"\n\n")
+                    final = self._parse_event(call, block.decode("utf-8", "replace").split("\n"), assembler,
+                                              translator) or final
+                    if translator is None:
+                        out.append(block + b"\n\n")
+                    else:
+                        out += [sse_event(*e) for e in translator.pending]
+                        translator.pending.clear()
                     if call.error:
                         break
                 if out:
                     yield b"".join(out)
                 if call.error:
+                    if translator is not None:  # the upstream's own error event was chat-shaped: say it in Anthropic's
+                        yield sse_event("error", anthropic_error(502, call.error))
                     return
             if buffer.strip():
-                final = self._parse_event(call, buffer.decode("utf-8", "replace").split("\n"), assembler) or final
-                yield buffer + b"\n\n"
+                final = self._parse_event(call, buffer.decode("utf-8", "replace").split("\n"), assembler,
+                                          translator) or final
+                yield buffer + b"\n\n" if translator is None else b"".join(sse_event(*e) for e in translator.pending)
             if call.error is None:
                 if assembler is not None:
                     if assembler.chunks == 0:
                         raise FormatError("the upstream's stream ended before any chunk")
                     self._record(call, assembler.result())
+                    if translator is not None:
+                        yield b"".join(sse_event(*e) for e in translator.finish())
                 elif final is None:
                     raise FormatError("the upstream's stream ended without response.completed")
                 else:
@@ -217,7 +257,10 @@ class _Model:
         except (httpx.HTTPError, FormatError) as e:
             why = f"the upstream's stream broke: {type(e).__name__}: {e}"
             call.error, call.status_code = why, 502
-            yield sse(error_body(why, "proxy_error", "upstream_stream_error"), "error" if assembler is None else None)
+            if translator is not None:
+                yield sse_event("error", anthropic_error(502, why))
+            else:
+                yield sse(error_body(why, "proxy_error", "upstream_stream_error"), "error" if assembler is None else None)
         except (asyncio.CancelledError, GeneratorExit):
             call.error = call.error or "the harness disconnected mid-stream"
             raise
@@ -226,7 +269,8 @@ class _Model:
             self._close(call, arrived)
 
     @staticmethod
-    def _parse_event(call: CallRecord, event: list[str], assembler: ChatStreamAssembler | None) -> dict | None:
+    def _parse_event(call: CallRecord, event: list[str], assembler: ChatStreamAssembler | None,
+                     translator: ChatToMessagesStream | None = None) -> dict | None:
         data = "\n".join(line[5:].lstrip() for line in event if line.startswith("data:"))
         if not data or data == "[DONE]":
             return None
@@ -239,6 +283,8 @@ class _Model:
             return None
         if assembler is not None:
             assembler.feed(obj)
+            if translator is not None:
+                translator.pending += translator.feed(obj)
             return None
         if isinstance(obj, dict) and obj.get("type") == "response.completed":
             return check_response(obj.get("response"))
@@ -251,6 +297,9 @@ class _Model:
             for chunk in chat_chunks(data):
                 yield sse(chunk)
             yield sse("[DONE]")
+        elif call.endpoint == MESSAGES:
+            for event, body in message_events(call.response):
+                yield sse_event(event, body)
         else:
             for event in response_events(data):
                 yield sse(event, event["type"])
@@ -287,7 +336,7 @@ class _Model:
         call.prompt_token_ids = extra.get("prompt_token_ids")
         call.completion_token_ids = extra.get("completion_token_ids")
         call.logprobs = extra.get("logprobs")
-        if call.endpoint == CHAT:
+        if call.endpoint in (CHAT, MESSAGES):
             logprobs = {"content": call.logprobs} if call.logprobs else None
             data = chat_completion(message, model, usage, logprobs=logprobs)
         else:
@@ -297,7 +346,7 @@ class _Model:
         self._close(call, arrived)
         if call.stream:
             return StreamingResponse(self._replay(call, data), media_type="text/event-stream")
-        return JSONResponse(data)
+        return JSONResponse(call.response if call.endpoint == MESSAGES else data)
 
     async def aclose(self) -> None:
         if self.http is not None:

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .anthropic_format import MESSAGES, prompt_of_messages
 from .openai_format import CHAT, prompt_of
 
 Mode = Literal["upstream", "policy"]
@@ -33,7 +34,7 @@ class CallRecord(BaseModel):
 
     index: int = Field(description="order of arrival within the rollout, from 0")
     call_id: str
-    endpoint: str = Field(CHAT, description="'chat.completions' or 'responses'")
+    endpoint: str = Field(CHAT, description="'chat.completions', 'responses' or 'messages'")
     stream: bool = False
     source: Mode = "upstream"
     request: dict[str, Any] = Field(description="the request body as the harness sent it")
@@ -119,7 +120,10 @@ class Rollout:
         return token is not None and hmac.compare_digest(token.encode(), self.token.encode())
 
     def new_call(self, endpoint: str, body: dict, stream: bool) -> CallRecord:
-        messages, tools = prompt_of(endpoint, body)
+        if endpoint == MESSAGES:
+            messages, tools = prompt_of_messages(body)
+        else:
+            messages, tools = prompt_of(endpoint, body)
         call = CallRecord(index=len(self.record.calls), call_id=f"call-{uuid.uuid4().hex[:16]}", endpoint=endpoint,
                           stream=stream, source=self.record.mode, request=body, messages=messages, tools=tools)
         self.record.calls.append(call)

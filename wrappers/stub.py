@@ -18,6 +18,7 @@ picks the behaviour:
 | `stub-slow-S` | the echo after S seconds |
 | `stub-broken-stream` | (stream) two chunks, then a line that is no JSON |
 | `stub-cut-stream` | (stream) two chunks, then the connection closes |
+| `stub-error-stream` | (stream) two chunks, then an OpenAI-shaped error event |
 
 `"logprobs": true` adds logprobs; `"return_token_ids": true` (vLLM's flag) adds
 `prompt_token_ids` and `choices[0].token_ids`. `/v1/responses` echoes too.
@@ -136,6 +137,9 @@ async def chat(request: Request) -> Response:
         for i, chunk in enumerate(chunks):
             if i == 2 and model == "stub-broken-stream":
                 yield b"data: {this is not json\n\n"
+                return
+            if i == 2 and model == "stub-error-stream":
+                yield sse(error_body("the stub's engine fell over mid-stream", "server_error", "internal"))
                 return
             if i == 2 and model == "stub-cut-stream":
                 raise RuntimeError("the stub cuts the stream")  # uvicorn drops the connection
