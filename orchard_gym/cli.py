@@ -334,10 +334,17 @@ def train() -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(file_okay=False), default=None, help="run folder (default runs/grpo-TIME)")
 @click.option("--plot/--no-plot", default=True, show_default=True, help="draw curves.png at the end")
+@click.option("--opd-teacher", default=None, help="on-policy distillation teacher: model folder or URL[#MODEL]")
+@click.option("--opd-coef", type=float, default=1.0, show_default=True, help="weight of the OPD per-token term")
+@click.option("--opd-only", is_flag=True, help="OPD alone: no outcome reward, grading skipped")
+@click.option("--rpr-judge", default=None, help="process-reward judge: URL#MODEL or a local model folder")
+@click.option("--rpr-rubric", default=None, help="rubric YAML or swe|claw|gui|generic (default: by env)")
+@click.option("--rpr-combine", default="sum:0.5", show_default=True, help="sum:LAMBDA | gated:THRESHOLD | process")
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
-               task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot) -> None:
+               task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, opd_teacher, opd_coef,
+               opd_only, rpr_judge, rpr_rubric, rpr_combine) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -350,6 +357,7 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         from orchard_gym.algos.agent_rollout import SamplingParams
         from orchard_gym.algos.bar import BARConfig
         from orchard_gym.algos.grpo import AgentGRPOArgs, train as run_training
+        from orchard_gym.algos.dense import opd_args, rpr_args
         from orchard_gym.envs.rollout import SYSTEM_PROMPT
     except ImportError as e:  # pragma: no cover - the train extra is missing
         raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
@@ -366,7 +374,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
             sampling=SamplingParams(max_new_tokens=max_new_tokens, max_completion_tokens=max_completion_tokens,
                                     temperature=temperature),
             system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
-            render_tools=render_tools, seed=seed)
+            render_tools=render_tools, seed=seed,
+            opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"
