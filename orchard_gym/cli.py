@@ -383,7 +383,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     last = summary.get("last") or {}
     click.echo(f"\n{env_id} · {algo} · {summary['steps']} steps in {summary['train_runtime'] or 0:.1f}s")
     for key in ("rollout/success_rate", "rollout/informative_share", "rollout/rollouts_per_prompt",
-                "tokens_per_second", "rollout/episode_turns"):
+                "tokens_per_second", "rollout/episode_turns", "opd/kl", "opd/dropped_share", "rpr/process_mean",
+                "rpr/dropped_share"):
         first = (summary.get("first") or {}).get(key)
         if first is not None or last.get(key) is not None:
             click.echo(f"  {key:30} first {first if first is None else round(first, 3)!s:>8}  "

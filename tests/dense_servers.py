@@ -10,7 +10,8 @@ shape for prompt log-probs: POST /v1/completions with `"prompt": [ids]` or `[[id
 in the transcript it is sent: `JUDGE:score=0.8` (every criterion that score),
 `JUDGE:malformed-once` (prose first, then a valid verdict on the retry), `JUDGE:malformed`
 (always prose), `JUDGE:range` (a score of 7), `JUDGE:refuse` (an OpenAI refusal),
-`JUDGE:slow` (answers after 30 s: a timeout), no marker: score 0.5. Requests are kept
+`JUDGE:slow` (answers after 30 s: a timeout), no marker: score 0.5; `refuse_every=N`
+refuses every N-th request. Requests are kept
 in `.requests` so tests can check what the judge saw.
 """
 
@@ -105,8 +106,9 @@ MARK = re.compile(r"JUDGE:([a-z-]+)(?:=([0-9.]+))?")
 
 
 class JudgeStub(_Served):
-    def __init__(self, *, slow_seconds: float = 30.0):
+    def __init__(self, *, slow_seconds: float = 30.0, refuse_every: int = 0):
         self.slow_seconds = slow_seconds
+        self.refuse_every = refuse_every  # every N-th request is refused (demo of dropped samples)
         self.requests: list[dict] = []
         self.app = Starlette(routes=[Route("/v1/chat/completions", self.chat, methods=["POST"])])
         super().__init__()
@@ -125,7 +127,7 @@ class JudgeStub(_Served):
         ids = self._ids(user)
         if kind == "slow":
             await asyncio.sleep(self.slow_seconds)
-        if kind == "refuse":
+        if kind == "refuse" or (self.refuse_every and len(self.requests) % self.refuse_every == 0):
             return self._answer(None, refusal="I can't help with grading this.")
         if kind == "malformed" or (kind == "malformed-once" and not retry):
             return self._answer("Looks good to me, I'd give it a high score.")

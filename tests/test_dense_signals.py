@@ -369,3 +369,18 @@ def test_cli_dense_flags_garbage(flags, why, tmp_path):
 
     r = CliRunner().invoke(main, ["train", "grpo", "--model", str(tmp_path), *flags])
     assert r.exit_code == 2 and why in r.output, r.output
+
+
+def test_local_judge_model_garbage_is_retried_then_dropped(tiny):
+    """A local HF judge (here the random tiny model: it cannot write JSON) goes through the same
+    validation: one retry with the error shown, then the sample is dropped."""
+    _, _, tok, tpath = tiny
+    from orchard_gym._loop import LoopThread
+    from orchard_gym.algos.rpr import JudgeError, LocalJudge, judge_once
+
+    judge = LocalJudge(str(tpath), max_tokens=8)
+    rubric = load_rubric("generic")
+    with pytest.raises(JudgeError, match="invalid after a retry"):
+        LoopThread.shared().run(judge_once(judge, rubric, summarise(episode("x", 1.0, tok).trajectory, "t"), 60))
+    with pytest.raises(ValueError, match="local model folder"):
+        RPRScorer(RPRConfig(judge="/no/such/judge"), tok)
