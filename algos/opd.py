@@ -31,7 +31,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -354,7 +353,3 @@ def opd_trainer_class():
             return output
 
     return OPDGRPOTrainer
-
-
-def describe(config: OPDConfig | None) -> dict[str, Any]:
-    return {} if config is None else {"teacher": config.teacher, "coef": config.coef, "only": config.only}

@@ -111,8 +111,23 @@ def main(argv=None) -> int:
     # the grading saving: identical greedy episodes, graded and not
     make_env, _ = env_factory(eval_args)
     greedy = SamplingParams(**{**sampling.__dict__, "temperature": 0.0})
-    timing = {}
-    for label, factory in (("graded", make_env), ("ungraded", skip_grading(make_env))):
+    timing: dict = {"grade_calls_seconds": []}
+
+    def timed_grading(client, max_steps, max_seconds):  # the time spent inside grade() itself
+        env = make_env(client, max_steps, max_seconds)
+        grade = env.grade
+
+        async def timed(ctx, task):
+            t0 = time.monotonic()
+            try:
+                return await grade(ctx, task)
+            finally:
+                timing["grade_calls_seconds"].append(time.monotonic() - t0)
+
+        env.grade = timed
+        return env
+
+    for label, factory in (("graded", timed_grading), ("ungraded", skip_grading(make_env))):
         runner = EpisodeRunner(factory, tokenizer, lambda: models["student"], greedy,
                                client_kwargs=client_kwargs(eval_args), system_prompt=SYSTEM, render_tools=False,
                                concurrency=8)
@@ -128,6 +143,8 @@ def main(argv=None) -> int:
         seconds, res = LoopThread.shared().run(go())
         timing[label] = {"wall_seconds": seconds, "episode_seconds_sum": sum(s.seconds for s in res),
                          "episodes": len(res)}
+    calls = timing.pop("grade_calls_seconds")
+    timing["grade_seconds_per_episode"] = sum(calls) / len(calls) if calls else None
     print(f"[demo] grading saving: {timing}", flush=True)
 
     from transformers import TrainerCallback
