@@ -81,6 +81,8 @@ class AgentGRPOArgs:
     system_prompt: str | None = SYSTEM_PROMPT
     render_tools: bool = field(default=True, metadata={"help": "render tool schemas into the prompt"})
     seed: int = 0
+    opd: Any = field(default=None, metadata={"help": "on-policy distillation (algos/opd.py OPDConfig)"})
+    rpr: Any = field(default=None, metadata={"help": "rubric-based process reward (algos/rpr.py RPRConfig)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.bar, dict):
@@ -95,6 +97,9 @@ class AgentGRPOArgs:
             self.bar = BARConfig(**{**asdict(self.bar), "group_size": self.group_size,
                                     "max_rollouts": max(self.bar.max_rollouts, self.group_size)})
         parse_step_budget(self.step_budget, 100)  # validate early
+        from .dense import check_dense_args
+
+        check_dense_args(self)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -187,7 +192,10 @@ class AgentRolloutFunc:
             task_ids = task_ids or args.task_ids or env_tasks
         if not task_ids:
             raise ValueError("no training tasks")
-        self.make_env = make_env
+        from .dense import make_scorers
+
+        self.make_env, self.scorers = make_scorers(args, make_env, tokenizer)
+        make_env = self.make_env
         self.task_pool = list(task_ids)
         self.rng = random.Random(args.seed)
         self.sampler = BARSampler(args.bar) if args.algo == "bar" else FixedSampler(args.group_size)
@@ -240,7 +248,7 @@ class AgentRolloutFunc:
                 raise RuntimeError(f"every episode of this step failed in the policy; the first: {failed[0].excluded}")
             log.warning("every episode of this step failed; the first: %s", failed[0].excluded)
         trained = [slot.is_trained(i) for slot in slots for i in range(len(slot.samples))]
-        return {
+        out = {
             "prompt_ids": [s.prompt_ids for s in samples],
             "completion_ids": [s.completion_ids for s in samples],
             "logprobs": [s.logprobs for s in samples],
@@ -249,6 +257,10 @@ class AgentRolloutFunc:
             "task_id": [s.task_id for s in samples],
             "episode_turns": [s.turns for s in samples],
         }
+        for scorer in self.scorers:  # dense signals (OPD, RPR): may drop rows, reshape rewards, add fields
+            self.pending_stats[-1].update(scorer(out, samples, trained, self._model))
+        self.last_output = out
+        return out
 
     async def _collect(self, task_ids: list[str], max_steps: int) -> list[SlotResult]:
         in_batch = set(task_ids)
@@ -339,6 +351,8 @@ class AgentRolloutFunc:
         return merged
 
     def close(self) -> None:
+        for scorer in self.scorers:
+            scorer.close()
         try:
             LoopThread.shared().run(self.runner.aclose())
         except Exception:  # noqa: BLE001
@@ -442,7 +456,7 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     """A TRL `GRPOTrainer` whose completions are sandboxed episodes. Returns (trainer, rollout_func)."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
-    from trl import GRPOTrainer
+    from .dense import trainer_class
 
     from .vision import is_vision_processor, vision_trainer_class
 
@@ -460,9 +474,14 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     cbs = list(callbacks)
     if metrics_path is not None:
         cbs.append(MetricsCallback(metrics_path, rollout))
-    trainer_class = vision_trainer_class() if is_vision_processor(tokenizer) else GRPOTrainer
-    trainer = trainer_class(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
-                            processing_class=tokenizer, rollout_func=rollout, callbacks=cbs)
+    if is_vision_processor(tokenizer):
+        if args.opd is not None:
+            raise ValueError("OPD is not supported with a vision-language policy yet (its teacher scores text tokens)")
+        grpo_class = vision_trainer_class()
+    else:
+        grpo_class = trainer_class(args)  # TRL's GRPOTrainer, or the OPD subclass (per-token advantages)
+    trainer = grpo_class(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
+                         processing_class=tokenizer, rollout_func=rollout, callbacks=cbs)
     return trainer, rollout
 
 

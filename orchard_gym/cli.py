@@ -358,11 +358,17 @@ def train() -> None:
               help="--harness: r_t = gamma^(T-t) * r_T")
 @click.option("--max-calls", type=click.IntRange(min=1), default=8, show_default=True,
               help="--harness: model calls answered per run")
+@click.option("--opd-teacher", default=None, help="on-policy distillation teacher: model folder or URL[#MODEL]")
+@click.option("--opd-coef", type=float, default=1.0, show_default=True, help="weight of the OPD per-token term")
+@click.option("--opd-only", is_flag=True, help="OPD alone: no outcome reward, grading skipped")
+@click.option("--rpr-judge", default=None, help="process-reward judge: URL#MODEL or a local model folder")
+@click.option("--rpr-rubric", default=None, help="rubric YAML or swe|claw|gui|generic (default: by env)")
+@click.option("--rpr-combine", default="sum:0.5", show_default=True, help="sum:LAMBDA | gated:THRESHOLD | process")
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
                task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, harness, gamma,
-               max_calls) -> None:
+               max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -375,11 +381,14 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         from orchard_gym.algos.agent_rollout import SamplingParams
         from orchard_gym.algos.bar import BARConfig
         from orchard_gym.algos.grpo import AgentGRPOArgs, train as run_training
+        from orchard_gym.algos.dense import opd_args, rpr_args
         from orchard_gym.envs.rollout import SYSTEM_PROMPT
     except ImportError as e:  # pragma: no cover - the train extra is missing
         raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
     backend_kwargs = _backend_kwargs(backend, api_key)
     harness_kwargs = {}
+    if harness is not None and (opd_teacher or rpr_judge):
+        raise click.UsageError("--harness does not combine with --opd-teacher / --rpr-judge yet")
     if harness is not None:  # each rollout a harness run, each recorded call a sample (algos/harness_grpo.py)
         from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training  # noqa: N814
 
@@ -396,7 +405,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
             sampling=SamplingParams(max_new_tokens=max_new_tokens, max_completion_tokens=max_completion_tokens,
                                     temperature=temperature),
             system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
-            render_tools=render_tools, seed=seed)
+            render_tools=render_tools, seed=seed,
+            opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -404,7 +414,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     last = summary.get("last") or {}
     click.echo(f"\n{env_id} · {algo} · {summary['steps']} steps in {summary['train_runtime'] or 0:.1f}s")
     for key in ("rollout/success_rate", "rollout/informative_share", "rollout/rollouts_per_prompt",
-                "tokens_per_second", "rollout/episode_turns"):
+                "tokens_per_second", "rollout/episode_turns", "opd/kl", "opd/dropped_share", "rpr/process_mean",
+                "rpr/dropped_share"):
         first = (summary.get("first") or {}).get(key)
         if first is not None or last.get(key) is not None:
             click.echo(f"  {key:30} first {first if first is None else round(first, 3)!s:>8}  "
