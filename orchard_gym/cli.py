@@ -150,8 +150,13 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="trajectories JSONL (default runs/eval-TIME.jsonl)")
 @click.option("-k", "attempts", type=click.IntRange(min=1), default=1, show_default=True,
               help="attempts per task: reports pass@k and pass^k")
+@click.option("--best-of", "best_of_n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="sample N episodes per attempt and keep the one --value ranks highest")
+@click.option("--value", "value_model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="value model (orchard value train) for --best-of")
+@click.option("--env-kwargs", default="{}", show_default=True, help="extra env kwargs as JSON")
 def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, concurrency, max_steps, task_filter,
-             out, attempts) -> None:
+             out, attempts, best_of_n, value_model, env_kwargs) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
@@ -175,14 +180,20 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
         spec = gym.spec(env_id)
     except gym.error.Error as e:
         raise click.BadParameter(str(e), param_hint="--env") from None
-    probe = spec.make(tasks=tasks, backend={"type": "local"}).unwrapped
+    try:
+        env_kw = {**json.loads(env_kwargs), **({} if tasks == "builtin" else {"tasks": tasks})}
+    except (json.JSONDecodeError, TypeError) as e:
+        raise click.BadParameter(f"not a JSON object: {e}", param_hint="--env-kwargs") from None
+    probe = spec.make(**env_kw, backend={"type": "local"}).unwrapped
     ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
     if task_filter and len(ids) != len(set(task_filter)):
         raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
     if policy == "oracle" and hasattr(probe, "oracle_policy"):
         agent = probe.oracle_policy()  # an env whose tasks carry their own solutions (Claw)
     episodes = episodes or len(ids)
-    schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts)]
+    if best_of_n > 1 and not value_model:
+        raise click.UsageError("--best-of needs --value MODEL")
+    schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts * best_of_n)]
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -207,6 +218,14 @@ def eval_cmd(env_id, tasks, policy, backend, api_key, model_api_key, episodes, c
 
     results = asyncio.run(run())
     wall = time.monotonic() - started
+    if best_of_n > 1:  # keep the reranked episode of every N (see docs/value.md)
+        from .cli_value import best_of
+
+        candidates, results = results, best_of(results, value_model, probe, best_of_n)
+        picks_path = out_path.with_suffix(".best-of.jsonl")
+        picks_path.write_text("".join(t.model_dump_json() + "\n" for t in results))
+        click.echo(f"best-of-{best_of_n}: {len(results)} picks of {len(candidates)} candidates "
+                   f"({sum(1 for t in candidates if t.ok and t.reward > 0)} resolved); picks: {picks_path}")
     ok = [t for t in results if t.ok]
     resolved = sum(1 for t in ok if t.reward > 0)
     broken = sum(1 for t in results if t.error_kind == "grading")  # the task, not the agent, failed
@@ -398,6 +417,12 @@ def plot_cmd(run_dir, out) -> None:
     except FileNotFoundError as e:
         raise click.ClickException(str(e)) from None
 
+
+from .cli_value import pool_group, train_sft_cmd, value_group  # noqa: E402 - commands of their own module
+
+main.add_command(pool_group)
+main.add_command(value_group)
+train.add_command(train_sft_cmd)
 
 if __name__ == "__main__":
     main()
