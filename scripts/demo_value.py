@@ -53,8 +53,10 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=16, help="tasks per kind")
     ap.add_argument("--held-out", type=int, default=6, help="held-out tasks per kind")
     ap.add_argument("--pool-episodes", type=int, default=2, help="episodes per training task and checkpoint")
-    ap.add_argument("--sft-steps", type=int, nargs=3, default=[8, 40, 16], help="weak, strong, new policy")
-    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--sft-steps", type=int, nargs=3, default=[15, 60, 30], help="weak, strong, new policy")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=8)
     a = ap.parse_args(argv)
 
     out = Path(a.out)
@@ -72,15 +74,20 @@ def main(argv=None) -> int:
 
     # 1. checkpoints
     _, tokenizer = build_tiny_model(toy_corpus(tasks.values(), SYSTEM), out / "init", vocab_size=512,
-                                    hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=288)
-    ckpts = {}
-    for name, steps in zip(("weak", "strong", "new"), a.sft_steps, strict=True):
-        from transformers import AutoModelForCausalLM
+                                    hidden_size=a.hidden, num_layers=a.layers, num_heads=4, num_kv_heads=2,
+                                    intermediate_size=a.hidden * 3)
+    # one SFT run, three checkpoints along it: weak (early), new (middle: the "new policy"), strong (late)
+    import copy
 
-        model = AutoModelForCausalLM.from_pretrained(str(out / "init"))
-        sft_warm_start(model, tokenizer, [oracle_messages(tasks[t], SYSTEM) for t in train_ids], steps=steps,
-                       learning_rate=3e-3, batch_size=16, output_dir=out / f"sft-{name}")
-        ckpts[name] = model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(out / "init"))
+    ckpts, done = {}, 0
+    for name, steps in sorted(zip(("weak", "strong", "new"), a.sft_steps, strict=True), key=lambda x: x[1]):
+        sft_warm_start(model, tokenizer, [oracle_messages(tasks[t], SYSTEM) for t in train_ids], steps=steps - done,
+                       learning_rate=3e-3, batch_size=16, output_dir=out / f"sft-{name}", seed=steps)
+        done = steps
+        ckpts[name] = copy.deepcopy(model)
         print(f"[demo] checkpoint {name}: {steps} SFT steps", flush=True)
 
     def episodes(name, ids, reps):
@@ -101,8 +108,8 @@ def main(argv=None) -> int:
     results = []
     for seed in a.seeds:
         vdir = out / f"value-{seed}"
-        vs = train_value(entries, out / "init", vdir, ValueTrainArgs(epochs=a.epochs, learning_rate=2e-3,
-                                                                     val_fraction=0.2, seed=seed))
+        vs = train_value(entries, out / "init", vdir, ValueTrainArgs(epochs=a.epochs, learning_rate=5e-3,
+                                                                     batch_size=4, val_fraction=0.2, seed=seed))
         vm = ValueModel.load(vdir)
         torch.manual_seed(1000 + seed)
         cands = episodes("new", held, a.n)
@@ -125,7 +132,8 @@ def main(argv=None) -> int:
     unresolved_ids = {e.entry_id for e in entries if not e.resolved}
     tokens = {k: sum(sum(x.loss_mask) for x in xs if x.entry_id in unresolved_ids)
               for k, xs in (("rise", rise), ("full", full))}
-    sft_summary = sft.train_sft(rise, out / "init", out / "sft-rise", steps=10, learning_rate=3e-3, batch_size=8)
+    sft_summary = (sft.train_sft(rise, out / "init", out / "sft-rise", steps=10, learning_rate=3e-3, batch_size=8)
+                   if rise else {"training_loss": float("nan"), "note": "no rise examples"})
     print(f"[demo] credit SFT: {len(rise)} examples; unresolved action tokens trained {tokens['rise']} of "
           f"{tokens['full']}; loss {sft_summary['training_loss']:.3f}", flush=True)
 

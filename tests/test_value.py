@@ -446,3 +446,84 @@ def test_cli_sft_rise_with_the_value_model_as_judge_and_garbage(episodes, tiny, 
     assert [e.metadata["gold_lines"] for e in sft.select(files, 2, "large-diff")] == [10, 9]
     assert {e.entry_id for e in sft.select(files, 4, "composite")} == {"0", "1", "2", "3"}
     assert len(sft.select(files, 2, "random", seed=1)) == 2 and len(sft.select(files, 9, "random")) == 4
+
+
+# ------------------------------------------------------------------ pool sources and filters
+def _trajectory(task_id, actions, errors, reward=0.0, error=None):
+    from orchard_gym.trajectory import Trajectory, Turn
+
+    turns = [Turn(index=i, action=a, error=e, observation=f"Error: {e}" if e else "ok")
+             for i, (a, e) in enumerate(zip(actions, errors, strict=True))]
+    return Trajectory(env_id="Orchard/Toy-v0", task_id=task_id, turns=turns, reward=reward, terminated=True,
+                      error=error)
+
+
+def test_pool_filters_caps_balance_and_proxy_calls(tiny, tmp_path):
+    from transformers import AutoTokenizer
+
+    from orchard_gym.wrappers.records import CallRecord, RolloutRecord
+
+    info = P.TaskInfo("Orchard/Toy-v0", ENV_KW)
+    bash = {"name": "bash", "arguments": {"command": "ls"}}
+    trajs = [
+        _trajectory("write-000", [bash, {"name": "submit", "arguments": {}}], [None, None], reward=1.0),
+        _trajectory("write-000", [bash, {"name": "submit", "arguments": {}}], [None, None], reward=1.0),
+        _trajectory("write-001", [{"name": "python", "arguments": {}}, bash], ["unknown tool 'python'", None]),
+        _trajectory("write-002", ["I think I should look around", bash], ["no action found.", None]),
+        _trajectory("write-003", [bash], [None]),
+        _trajectory("write-004", [bash], [None], error="SandboxFailed: gone"),  # infrastructure: never pooled
+    ]
+    run = tmp_path / "eval.jsonl"
+    run.write_text("".join(t.model_dump_json() + "\n" for t in trajs))
+    entries, skipped = P.from_file(run, policy_id="p", info=info)
+    assert skipped == 1 and len(entries) == 5 and len({e.entry_id for e in entries}) == 5
+    kept, dropped = P.filter_entries(entries)
+    assert dropped == {"undefined-tool": 1, "unparsable": 1} and {e.task_id for e in kept} == {"write-000",
+                                                                                              "write-003"}
+    kept2, dropped2 = P.filter_entries(entries, drop_unparsable=False, drop_undefined_tools=False)
+    assert len(kept2) == 5 and not dropped2
+    # without a tool list the env's own verdicts decide
+    blind = [P.PoolEntry(**{**e.model_dump(), "tool_names": []}) for e in entries]
+    assert P.filter_entries(blind)[1] == {"undefined-tool": 1, "unparsable": 1}
+    tok = AutoTokenizer.from_pretrained(str(tiny))
+    n = [P.token_count(e, tok) for e in entries]
+    short, why = P.filter_entries(entries, max_tokens=min(n), tokenizer=tok, drop_unparsable=False,
+                                  drop_undefined_tools=False)
+    assert why["over-token-limit"] == sum(1 for x in n if x > min(n)) and all(P.token_count(e, tok) <= min(n)
+                                                                             for e in short)
+    with pytest.raises(P.PoolError, match="tokenizer"):
+        P.filter_entries(entries, max_tokens=10)
+    capped = P.cap_per_task(entries, 1)
+    assert sorted(e.task_id for e in capped) == ["write-000", "write-001", "write-002", "write-003"]
+    balanced = P.balance_classes(entries, 1.0)
+    assert sum(e.resolved for e in balanced) == 2 and len(balanced) == 4
+    assert len(P.balance_classes(entries, 1.5)) == 5
+    with pytest.raises(ValueError):
+        P.cap_per_task(entries, 0)
+    # proxy recordings: pooled through the CLI, trained per call
+    calls = [CallRecord(index=i, call_id=f"c{i}", request={}, messages=[{"role": "user", "content": f"q{i}"}],
+                        message={"role": "assistant", "content": f"answer {i}"}) for i in range(3)]
+    recs = [RolloutRecord(rollout_id="r1", status="finished", reward=1.0, calls=calls, metadata={"task_id": "t1"}),
+            RolloutRecord(rollout_id="r2", status="failed", error="harness crashed", calls=calls)]
+    export = tmp_path / "proxy.jsonl"
+    export.write_text("".join(r.model_dump_json() + "\n" for r in recs))
+    pool_file = tmp_path / "claw.jsonl"
+    r = CliRunner().invoke(main, ["pool", "add", str(export), "--pool", str(pool_file), "--policy-id", "claw"])
+    assert r.exit_code == 0 and "added 1 of 1" in r.output and "skipped 1" in r.output, r.output
+    (entry,) = P.read_pool(pool_file)
+    assert entry.source == "proxy" and entry.task_id == "t1" and len(entry.calls) == 3
+    r = CliRunner().invoke(main, ["train", "sft", "--pool", str(pool_file), "--model", str(tiny), "--mode", "calls",
+                                  "--steps", "1", "--batch-size", "3", "--out", str(tmp_path / "sft")])
+    assert r.exit_code == 0 and "3 examples" in r.output, r.output
+    show = CliRunner().invoke(main, ["pool", "show", str(pool_file)])
+    assert show.exit_code == 0 and json.loads(show.output)["policies"] == {"claw": 1}
+    for text, why in (("not json\n", "not JSON"), ("[1]\n", "not a trajectory"),
+                      ('{"format": "orchard-pool/1"}\n', "not a trajectory")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text)
+        with pytest.raises(P.PoolError, match=why):
+            P.from_file(bad, policy_id="p")
+        r = CliRunner().invoke(main, ["pool", "show", str(bad)])
+        assert r.exit_code != 0 and "bad.jsonl:1" in r.output
+    with pytest.raises(P.PoolError, match="No such file"):
+        P.from_file(tmp_path / "missing.jsonl", policy_id="p")
