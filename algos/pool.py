@@ -126,15 +126,18 @@ def conversation(t: Trajectory, prompt: list[dict]) -> list[dict]:
 class TaskInfo:
     """What an env knows about its tasks: the first observation, tool names, gold-patch facts."""
 
-    def __init__(self, env_id: str, env_kwargs: dict | None = None, system_prompt: str | None = SYSTEM_PROMPT):
+    def __init__(self, env_id: str, env_kwargs: dict | None = None, system_prompt: str | None = SYSTEM_PROMPT,
+                 *, env=None):
         import gymnasium as gym
 
         import orchard_gym  # noqa: F401 - registers the env ids
 
-        try:
-            self.env = gym.spec(env_id).make(**(env_kwargs or {}), backend={"type": "local"}).unwrapped
-        except gym.error.Error as e:
-            raise PoolError(f"env {env_id!r}: {e}") from None
+        if env is None:  # a probe: it only answers questions, it never starts a sandbox
+            try:
+                env = gym.spec(env_id).make(**(env_kwargs or {}), backend={"type": "local"}).unwrapped
+            except gym.error.Error as e:
+                raise PoolError(f"env {env_id!r}: {e}") from None
+        self.env = env
         self.env_id = env_id
         self.system_prompt = system_prompt
         self.tool_names = list(self.env.tools)

@@ -282,9 +282,7 @@ def best_of(results: list, value_path: str, probe, n: int, aggregation: str = "f
     from orchard_gym.algos.value import ValueModel
 
     model = ValueModel.load(value_path)
-    info = TaskInfo.__new__(TaskInfo)  # the eval's own env: no second probe
-    info.env, info.env_id, info.system_prompt = probe, probe.env_id, _system_prompt()
-    info.tool_names, info.tools = list(probe.tools), probe.tool_schemas
+    info = TaskInfo(probe.env_id, env=probe, system_prompt=_system_prompt())  # the eval's own probe env
     picks = []
     for i in range(0, len(results), n):
         group = results[i:i + n]

@@ -53,7 +53,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", type=int, default=16, help="tasks per kind")
     ap.add_argument("--held-out", type=int, default=6, help="held-out tasks per kind")
     ap.add_argument("--pool-episodes", type=int, default=2, help="episodes per training task and checkpoint")
-    ap.add_argument("--sft-steps", type=int, nargs=3, default=[15, 60, 30], help="weak, strong, new policy")
+    ap.add_argument("--sft-steps", type=int, nargs=3, default=[10, 40, 20], help="weak, strong, new policy")
+    ap.add_argument("--sft-batch", type=int, default=8)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=8)
@@ -85,7 +86,7 @@ def main(argv=None) -> int:
     ckpts, done = {}, 0
     for name, steps in sorted(zip(("weak", "strong", "new"), a.sft_steps, strict=True), key=lambda x: x[1]):
         sft_warm_start(model, tokenizer, [oracle_messages(tasks[t], SYSTEM) for t in train_ids], steps=steps - done,
-                       learning_rate=3e-3, batch_size=16, output_dir=out / f"sft-{name}", seed=steps)
+                       learning_rate=3e-3, batch_size=a.sft_batch, output_dir=out / f"sft-{name}", seed=steps)
         done = steps
         ckpts[name] = copy.deepcopy(model)
         print(f"[demo] checkpoint {name}: {steps} SFT steps", flush=True)

@@ -414,7 +414,7 @@ def test_cli_sft_rise_with_the_value_model_as_judge_and_garbage(episodes, tiny, 
     assert sum(e.resolved for e in entries) == len(entries) - sum(e.resolved for e in entries)  # balanced
     vdir = tmp_path / "v"
     assert CliRunner().invoke(main, ["value", "train", "--pool", str(pool_file), "--model", str(tiny), "--out",
-                                     str(vdir), "--epochs", "1"]).exit_code == 0
+                                     str(vdir), "--epochs", "2", "--bootstrap"]).exit_code == 0
     r = CliRunner().invoke(main, ["train", "sft", "--pool", str(pool_file), "--model", str(tiny), "--mode", "rise",
                                   "--judge-value", str(vdir), "--eps", "0.0", "--steps", "1", "--batch-size", "2",
                                   "--select", "diverse-repo", "-n", "6", "--out", str(tmp_path / "sft")])
