@@ -199,8 +199,13 @@ def _unresolved_entry():
                        messages=msgs, turns=3)
 
 
-def test_judge_stub_failures_drop_the_trajectory(server, tmp_path):
+def test_judge_stub_failures_drop_the_trajectory(server, tiny, tmp_path):
     entry = _unresolved_entry()
+    # a local model as the judge: the random tiny model writes no JSON, so the trajectory is dropped
+    local = credit.LocalJudge(tiny, max_new_tokens=6)
+    assert "Trajectory (3 actions)" in local.prompt(entry) and "not resolved" in local.prompt(entry)
+    kept, dropped = credit.annotate([entry, _entry(True, ["ls"])], local)
+    assert [e.resolved for e, _ in kept] == [True] and sum(dropped.values()) == 1
     good = credit.OpenAIJudge(f"{server}#judge-good", timeout=5)
     assert good(entry) == pytest.approx([0.1, 0.4, 0.2, 0.0])  # keys 0, 1, 3; step 2 interpolated
     assert credit.OpenAIJudge(f"{server}#judge-fenced", timeout=5)(entry) == [0.2] * 4
