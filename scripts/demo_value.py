@@ -1,48 +1,83 @@
-"""Value-model demo: a trajectory pool from two checkpoints of a tiny model on Orchard/Toy-v0,
-a value model trained on part of the tasks, best-of-N reranking of a third checkpoint's
-candidates on held-out tasks, and credit-assignment SFT on the pool.
+"""Value-model demo: a trajectory pool from two policies of different skill on Orchard/Toy-v0,
+a value model on a tiny offline model trained on part of the tasks, best-of-N reranking of
+a third policy's candidates on held-out tasks, and credit-assignment SFT on the pool.
 
-    python scripts/demo_value.py --out runs/demo-value          # ~10-20 minutes on 2 busy CPU cores
-    python scripts/demo_value.py --seeds 0 1 2 --n 4
+    python scripts/demo_value.py --out runs/demo-value          # a few minutes on 2 CPU cores
+    python scripts/demo_value.py --seeds 0 1 2 3 4 --n 4
 
-All offline, in real local sandboxes:
-1. A byte-level BPE and a randomly initialised Qwen2 (~0.5M parameters), as in
-   scripts/demo_learning.py; three SFT warm starts of different lengths give three
-   checkpoints (weak, strong, and a middle one that plays the "new policy").
-2. The pool: episodes of the weak and the strong checkpoint on the training tasks, with
-   their token ids (`pool.from_sample`), filtered (undefined tools; unparsable actions
-   are kept: the value model must see bad behaviour too).
-3. Per seed: a value model (the tiny init model's backbone + a scalar head) trained on
-   the pool, split by task; N candidates of the new policy on every held-out task,
-   reranked: resolve rate of the value's pick vs random (expected), first, oracle.
-4. Credit SFT (`--mode rise`, the value model as the judge) on the pool: how many tokens
-   of unresolved trajectories carry loss, and a few TRL steps.
+All offline, in real local sandboxes (episodes through `envs.rollout.run_episodes`, graded
+by the env's check command):
+1. Three scripted policies stand in for checkpoints: each solves a task with probability
+   P (weak 0.25, strong 0.8, new 0.5), else does something plausible but wrong (writes
+   the wrong file, prints instead of writing, counts with the file name in the output,
+   lists files), sometimes after an exploratory `ls`; then submits. (Why scripted: a tiny
+   model SFT'd within this machine's CPU budget solved 0 of 60 episodes, and a pool with
+   nothing resolved teaches a value model nothing.)
+2. The pool: the weak and the strong policy on the training tasks, `pool.from_trajectory`
+   with the env's prompts, the seed's filters.
+3. Per seed: a value model (a randomly initialised ~0.1M-parameter Qwen2 backbone + a
+   scalar head) trained on the pool, split by task; N candidates of the new policy on each
+   held-out task, reranked: resolve rate of the value's pick vs random (expected), first,
+   oracle, and selection accuracy on tasks with mixed outcomes.
+4. Credit SFT (`--mode rise`, the value model as the judge) on the pool: how many action
+   tokens of unresolved trajectories carry loss, and a few TRL steps.
 Writes OUT/summary.json and prints the table per seed.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
 import torch
 
-torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "2")))
+torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "1")))
 
 from orchard_gym.algos import credit, pool as P, rerank, sft  # noqa: E402
-from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
-from orchard_gym.algos.grpo import AgentGRPOArgs, evaluate  # noqa: E402
 from orchard_gym.algos.pool_tokens import EntryTokenizer  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.algos.value import ValueModel, ValueTrainArgs, train_value  # noqa: E402
-from orchard_gym.algos.warmstart import sft_warm_start  # noqa: E402
-from orchard_gym.envs.toy.env import make_tasks, oracle_messages  # noqa: E402
+from orchard_gym.client import AsyncSandboxClient  # noqa: E402
+from orchard_gym.envs.rollout import SYSTEM_PROMPT, run_episodes  # noqa: E402
+from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
 
-SYSTEM = "You act in a sandbox with the tools bash and submit. Reply with one tool call."
+
+
+def wrong(task, rng: random.Random) -> str:
+    """A plausible command that does not solve the task."""
+    path = next(iter(task.files), None)
+    options = {"write": [f"echo {task.answer} > answer.txt", f"echo {task.answer}", "ls"],
+               "secret": [f"cat {path}", f"cp {path} secret.txt", "ls"],
+               "count": [f"wc -l {path} > answer.txt", f"wc -l < {path}", "ls"]}[task.kind]
+    return rng.choice(options)
+
+
+class ScriptedPolicy:
+    """Solves with probability `skill`; 30% of episodes start with an exploratory `ls`."""
+
+    def __init__(self, skill: float, seed: int):
+        self.skill, self.rng, self.env = skill, random.Random(seed), None
+
+    def bind(self, env):
+        bound = ScriptedPolicy(self.skill, 0)
+        bound.rng, bound.env = self.rng, env
+        bound.plan = None
+        return bound
+
+    async def __call__(self, messages, tools):
+        if self.plan is None:
+            task = self.env.task
+            act = task.solution if self.rng.random() < self.skill else wrong(task, self.rng)
+            self.plan = (["ls"] if self.rng.random() < 0.3 else []) + [act]
+        if self.plan:
+            return {"name": "bash", "arguments": {"command": self.plan.pop(0)}}
+        return {"name": "submit", "arguments": {}}
 
 
 def main(argv=None) -> int:
@@ -50,12 +85,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="runs/demo-value")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--n", type=int, default=4, help="candidates per held-out task")
-    ap.add_argument("--tasks", type=int, default=16, help="tasks per kind")
-    ap.add_argument("--held-out", type=int, default=6, help="held-out tasks per kind")
+    ap.add_argument("--tasks", type=int, default=12, help="tasks per kind")
+    ap.add_argument("--held-out", type=int, default=4, help="held-out tasks per kind")
     ap.add_argument("--pool-episodes", type=int, default=2, help="episodes per training task and checkpoint")
-    ap.add_argument("--sft-steps", type=int, nargs=3, default=[10, 40, 20], help="weak, strong, new policy")
-    ap.add_argument("--sft-batch", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--skills", type=float, nargs=3, default=[0.25, 0.8, 0.5], help="weak, strong, new policy")
+    ap.add_argument("--hidden", type=int, default=48)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=8)
     a = ap.parse_args(argv)
@@ -63,43 +97,32 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    env_kwargs = {"kinds": ["write", "secret", "count"], "num_tasks": a.tasks, "seed": 0, "variety": 1}
+    env_kwargs = {"kinds": ["write", "secret", "count"], "num_tasks": a.tasks, "seed": 0, "variety": 4}
     tasks = make_tasks(**env_kwargs)
     held = sorted(t for t in tasks if int(t.split("-")[1]) >= a.tasks - a.held_out)
     train_ids = sorted(t for t in tasks if t not in held)
-    args = AgentGRPOArgs(env_id="Orchard/Toy-v0", env_kwargs=env_kwargs, backend={"type": "local"},
-                         system_prompt=SYSTEM, render_tools=False, concurrency=16, max_seconds=60,
-                         sampling=SamplingParams(max_new_tokens=40, max_completion_tokens=160, temperature=1.0,
-                                                 linger=0.02))
-    info = P.TaskInfo("Orchard/Toy-v0", env_kwargs, SYSTEM)
+    info = P.TaskInfo("Orchard/Toy-v0", env_kwargs, SYSTEM_PROMPT)
+    _, tokenizer = build_tiny_model(toy_corpus(tasks.values(), SYSTEM_PROMPT) + ["ls", "answer.txt", "(no output)"],
+                                    out / "init", vocab_size=512, hidden_size=a.hidden, num_layers=a.layers,
+                                    num_heads=4, num_kv_heads=2, intermediate_size=a.hidden * 2)
 
-    # 1. checkpoints
-    _, tokenizer = build_tiny_model(toy_corpus(tasks.values(), SYSTEM), out / "init", vocab_size=512,
-                                    hidden_size=a.hidden, num_layers=a.layers, num_heads=4, num_kv_heads=2,
-                                    intermediate_size=a.hidden * 3)
-    # one SFT run, three checkpoints along it: weak (early), new (middle: the "new policy"), strong (late)
-    import copy
+    def episodes(name, skill, ids, reps, seed):
+        async def go():
+            client = AsyncSandboxClient(backend={"type": "local"})
+            try:
+                return await run_episodes(lambda c: ToyEnv(tasks=tasks, client=c, max_steps=4),
+                                          ScriptedPolicy(skill, seed), [t for t in ids for _ in range(reps)],
+                                          concurrency=8, client=client, progress=False)
+            finally:
+                await client.aclose()
 
-    from transformers import AutoModelForCausalLM
+        return [P.from_trajectory(t, policy_id=name, info=info) for t in asyncio.run(go()) if t.ok]
 
-    model = AutoModelForCausalLM.from_pretrained(str(out / "init"))
-    ckpts, done = {}, 0
-    for name, steps in sorted(zip(("weak", "strong", "new"), a.sft_steps, strict=True), key=lambda x: x[1]):
-        sft_warm_start(model, tokenizer, [oracle_messages(tasks[t], SYSTEM) for t in train_ids], steps=steps - done,
-                       learning_rate=3e-3, batch_size=a.sft_batch, output_dir=out / f"sft-{name}", seed=steps)
-        done = steps
-        ckpts[name] = copy.deepcopy(model)
-        print(f"[demo] checkpoint {name}: {steps} SFT steps", flush=True)
-
-    def episodes(name, ids, reps):
-        res = evaluate(ckpts[name], tokenizer, args, [t for t in ids for _ in range(reps)], max_steps=3)
-        return [P.from_sample(s, policy_id=name, tokenizer=tokenizer, info=info) for s in res["samples"] if s.ok]
-
-    # 2. the pool
+    # 1-2. the pool
     pool_file = out / "pool.jsonl"
-    pool_file.unlink(missing_ok=True)
-    raw = episodes("weak", train_ids, a.pool_episodes) + episodes("strong", train_ids, a.pool_episodes)
-    entries, dropped = P.filter_entries(raw, drop_unparsable=False)
+    raw = (episodes("weak", a.skills[0], train_ids, a.pool_episodes, 1)
+           + episodes("strong", a.skills[1], train_ids, a.pool_episodes, 2))
+    entries, dropped = P.filter_entries(raw)
     P.write_pool(pool_file, entries, append=False)
     by_policy = {p: {"episodes": sum(e.policy_id == p for e in entries),
                      "resolved": sum(e.resolved for e in entries if e.policy_id == p)} for p in ("weak", "strong")}
@@ -113,7 +136,7 @@ def main(argv=None) -> int:
                                                                      batch_size=4, val_fraction=0.2, seed=seed))
         vm = ValueModel.load(vdir)
         torch.manual_seed(1000 + seed)
-        cands = episodes("new", held, a.n)
+        cands = episodes("new", a.skills[2], held, a.n, 100 + seed)
         groups = {t: g for t, g in rerank.group_by_task(cands).items() if len(g) >= 2}
         row = {"seed": seed, "value_val_mse": vs["history"][-1]["val_mse"]}
         for agg in ("final", "mean"):
