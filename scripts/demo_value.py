@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skills", type=float, nargs=3, default=[0.25, 0.8, 0.5], help="weak, strong, new policy")
     ap.add_argument("--hidden", type=int, default=48)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=16)
     a = ap.parse_args(argv)
 
     out = Path(a.out)
