@@ -443,6 +443,8 @@ def test_cli_sft_rise_with_the_value_model_as_judge_and_garbage(episodes, tiny, 
         (["value", "rerank", "--value", str(tiny), "--pool", str(pool_file)], "no value model"),
         (["train", "sft", "--pool", str(pool_file), "--model", str(tiny), "--mode", "rise"], "exactly one"),
         (["train", "sft", "--pool", str(pool_file), "--model", str(tiny), "--mode", "calls"], "proxy"),
+        (["eval", "--env", "Orchard/Toy-v0", "--env-kwargs", "[1]"], "not a JSON object"),
+        (["eval", "--env", "Orchard/Toy-v0", "--env-kwargs", "{"], "not a JSON object"),
     ):
         r = CliRunner().invoke(main, args)
         assert r.exit_code != 0 and why in r.output, (args, r.output)
