@@ -155,8 +155,13 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
               help="attempts per task: reports pass@k and pass^k")
 @click.option("--harness", default=None, help="run every task through these harnesses (a,b,c): one table; "
               "policy oracle | nothing | openai:URL#MODEL (see docs/harnesses.md)")
+@click.option("--best-of", "best_of_n", type=click.IntRange(min=1), default=1, show_default=True,
+              help="sample N episodes per attempt and keep the one --value ranks highest")
+@click.option("--value", "value_model", type=click.Path(exists=True, file_okay=False), default=None,
+              help="value model (orchard value train) for --best-of")
+@click.option("--env-kwargs", default="{}", show_default=True, help="extra env kwargs as JSON")
 def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
-             max_steps, task_filter, out, attempts, harness) -> None:
+             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
@@ -189,7 +194,12 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
         raise click.BadParameter(str(e), param_hint="--env") from None
     extra = {k: v for k, v in (("split", split), ("image_prefix", image_prefix)) if v is not None}
     try:
-        probe = spec.make(tasks=tasks, backend={"type": "local"}, **extra).unwrapped
+        user_kw = dict(json.loads(env_kwargs))
+        env_kw = {**user_kw, **extra, **({} if tasks == "builtin" else {"tasks": tasks})}
+    except (json.JSONDecodeError, TypeError, ValueError) as e:
+        raise click.BadParameter(f"not a JSON object: {e}", param_hint="--env-kwargs") from None
+    try:
+        probe = spec.make(**env_kw, backend={"type": "local"}).unwrapped
     except (ValueError, FileNotFoundError, ImportError) as e:  # a bad task file names its line and field
         raise click.BadParameter(str(e), param_hint="--tasks") from None
     ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
@@ -198,7 +208,9 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
     if policy == "oracle" and hasattr(probe, "oracle_policy"):
         agent = probe.oracle_policy()  # an env whose tasks carry their own solutions (Claw)
     episodes = episodes or len(ids)
-    schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts)]
+    if best_of_n > 1 and not value_model:
+        raise click.UsageError("--best-of needs --value MODEL")
+    schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts * best_of_n)]
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -214,7 +226,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
                 sink.flush()
 
             def make_env(c):
-                return spec.make(tasks=probe._tasks, client=c, max_steps=max_steps).unwrapped
+                return spec.make(**{**user_kw, "tasks": probe._tasks}, client=c, max_steps=max_steps).unwrapped
 
             try:
                 return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,
@@ -226,6 +238,14 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
     results = asyncio.run(run())
     wall = time.monotonic() - started
+    if best_of_n > 1:  # keep the reranked episode of every N (see docs/value.md)
+        from .cli_value import best_of
+
+        candidates, results = results, best_of(results, value_model, probe, best_of_n)
+        picks_path = out_path.with_suffix(".best-of.jsonl")
+        picks_path.write_text("".join(t.model_dump_json() + "\n" for t in results))
+        click.echo(f"best-of-{best_of_n}: {len(results)} picks of {len(candidates)} candidates "
+                   f"({sum(1 for t in candidates if t.ok and t.reward > 0)} resolved); picks: {picks_path}")
     ok = [t for t in results if t.ok]
     resolved = sum(1 for t in ok if t.reward > 0)
     broken = sum(1 for t in results if t.error_kind == "grading")  # the task, not the agent, failed
@@ -440,12 +460,15 @@ def plot_cmd(run_dir, out) -> None:
         raise click.ClickException(str(e)) from None
 
 
-from .cli_tasks import tasks_group  # noqa: E402
-
-main.add_command(tasks_group)
+from .cli_tasks import tasks_group  # noqa: E402 - commands of their own modules
+from .cli_value import pool_group, train_sft_cmd, value_group  # noqa: E402
 from .cli_view import view_cmd  # noqa: E402
 
+main.add_command(tasks_group)
 main.add_command(view_cmd)
+main.add_command(pool_group)
+main.add_command(value_group)
+train.add_command(train_sft_cmd)
 
 if __name__ == "__main__":
     main()
