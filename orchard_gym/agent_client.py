@@ -101,6 +101,21 @@ class AgentClient:
                 await inner.aclose()
         return body.size, chunks()
 
+    async def open_pty(self, init: dict):
+        """A terminal session (POST /pty, switched to JSON-line frames): a LinesChannel."""
+        from .terminal import LinesChannel
+
+        try:
+            reader, writer = await self._http.upgrade("/pty", json.dumps(init).encode())
+        except ErrorAnswer as e:
+            _raise_for_status(e.response)
+            raise OrchardError(f"agent answered POST /pty with {e.response.status}")
+        except TimeoutError as e:
+            raise SandboxTimeout("agent did not start the terminal session within 30s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+        return LinesChannel(reader, writer)
+
     async def cancel(self, job_id: str) -> bool:
         resp = await self._request("POST", f"/jobs/{job_id}/cancel", body=b"")
         return bool(resp.json().get("cancelled"))
