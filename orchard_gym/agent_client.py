@@ -116,6 +116,18 @@ class AgentClient:
             raise AgentUnavailable(str(e)) from e
         return LinesChannel(reader, writer)
 
+    async def open_tunnel(self, port: int, timeout: float = 30.0):
+        """(reader, writer) of a byte tunnel to 127.0.0.1:port inside the sandbox (POST /connect)."""
+        try:
+            return await self._http.upgrade("/connect", json.dumps({"port": port}).encode(), timeout)
+        except ErrorAnswer as e:
+            _raise_for_status(e.response)
+            raise OrchardError(f"agent answered POST /connect with {e.response.status}")
+        except TimeoutError as e:
+            raise SandboxTimeout(f"agent did not open a tunnel to port {port} within {timeout:g}s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+
     async def cancel(self, job_id: str) -> bool:
         resp = await self._request("POST", f"/jobs/{job_id}/cancel", body=b"")
         return bool(resp.json().get("cancelled"))

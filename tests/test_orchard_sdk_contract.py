@@ -5,12 +5,13 @@ request by request, what its sync and async clients send (written from reading t
 same methods, paths, query parameters and JSON bodies, with `X-API-Key`) and asserts every
 field and status code those clients read from the answers. Each block names the SDK method.
 The local backend runs here with `any_image_as_host`, as `orchard serve` would for an
-image-agnostic benchmark; PTY frames (`exec(pty=True)`) are replayed in test_pty.py.
+image-agnostic benchmark. `exec(pty=True)` is replayed at the end, frame by frame.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import time
 
 import httpx
@@ -185,3 +186,122 @@ def test_health_and_unknown_ids(http):
     assert isinstance(ok(http.get("/health")), dict)  # health()
     assert http.get("/sandboxes/no-such-box/wait", params={"timeout": 1}).status_code == 404
     assert http.get("/jobs/no-such-job").status_code == 404
+
+
+# --------------------------------------------------------------------------- exec(pty=True)
+# ContainerProcess: websocket-client to ws://HOST/sandboxes/{id}/exec/pty?api_key=KEY, then the
+# init frame as its first message; text frames with base64 data both ways.
+def pty_url(orch, sandbox_id: str, key: str | None) -> str:
+    return orch.url.replace("http://", "ws://") + f"/sandboxes/{sandbox_id}/exec/pty" + \
+        (f"?api_key={key}" if key else "")
+
+
+def init(command: str, rows: int = 24, cols: int = 80) -> str:
+    """_build_init_frame: a string command becomes ["bash", "-c", command]."""
+    return json.dumps({"type": "init", "cmd": ["bash", "-c", command], "env": {}, "cwd": None,
+                       "rows": rows, "cols": cols, "login_shell": False})
+
+
+def frames(ws, until: str, timeout: float = 30) -> tuple[bytes, dict]:
+    """Its reader loop: stdout frames decoded, until a frame of type `until` (returned)."""
+    out = b""
+    while True:
+        frame = json.loads(ws.recv(timeout=timeout))
+        if frame["type"] == "stdout":
+            out += base64.b64decode(frame["data"])
+        if frame["type"] == until or frame["type"] in ("exit", "error"):
+            return out, frame
+
+
+def stdin(text: str) -> str:
+    return json.dumps({"type": "stdin", "data": base64.b64encode(text.encode()).decode("ascii")})
+
+
+def test_pty_session_as_orchard_drives_it(orch, box):
+    from websockets.sync.client import connect
+
+    with connect(pty_url(orch, box, orch.api_key), max_size=4 << 20) as ws:
+        ws.send(init("stty size; read line; echo got-$line; sleep 0.2; stty size; exit 7", rows=30, cols=100))
+        _, ready = frames(ws, "ready")
+        assert ready["type"] == "ready" and isinstance(ready["pid"], int)
+        out, _ = frames(ws, "stdout")
+        ws.send(json.dumps({"type": "resize", "rows": 40, "cols": 120}))  # resize()
+        ws.send(stdin("hello\n"))  # write_stdin()
+        rest, end = frames(ws, "exit")
+        out += rest
+        assert end == {"type": "exit", "code": 7}, end
+        assert b"30 100" in out and b"got-hello" in out and b"40 120" in out
+    # kill("TERM"): a signal frame; the exit code is negative for a signal
+    with connect(pty_url(orch, box, orch.api_key)) as ws:
+        ws.send(init("echo up; sleep 300"))
+        frames(ws, "stdout")
+        ws.send(json.dumps({"type": "signal", "sig": "TERM"}))
+        assert frames(ws, "exit")[1]["code"] == -15
+
+
+def test_pty_refusals_and_garbage(orch, box):
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    # refused after the upgrade: an error frame (what its reader loop reports), then a close code
+    for key, sandbox_id, code in [(None, box, 4401), ("wrong-key", box, 4403), (orch.api_key, "no-such-box", 4404)]:
+        with connect(pty_url(orch, sandbox_id, key)) as ws:
+            frame = json.loads(ws.recv(timeout=10))
+            assert frame["type"] == "error" and frame["message"], frame
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+            assert closed.value.rcvd.code == code
+    for first, message in [("not json at all", "bad init frame"), (json.dumps({"type": "init", "cmd": 7}), "cmd: command must be"),
+                           (json.dumps([1, 2]), "bad init frame")]:
+        with connect(pty_url(orch, box, orch.api_key)) as ws:
+            ws.send(first)
+            frame = json.loads(ws.recv(timeout=10))
+            assert frame["type"] == "error" and message in frame["message"], frame
+    with connect(pty_url(orch, box, orch.api_key)) as ws:  # garbage after a good start
+        ws.send(init("cat"))
+        frames(ws, "ready")
+        ws.send("{{{ garbage")
+        _, frame = frames(ws, "error")
+        assert frame["type"] == "error" and "bad frame" in frame["message"]
+
+
+def test_pty_client_gone_leaves_no_process(orch, http, box):
+    from websockets.sync.client import connect
+
+    running = lambda: "sleep 4646" in exec_wait(http, box, "ps -eo args 2>/dev/null || cat /proc/*/cmdline")["stdout"]
+    with connect(pty_url(orch, box, orch.api_key)) as ws:
+        ws.send(init("echo up; sleep 4646"))
+        frames(ws, "stdout")
+        assert running()
+        ws.socket.close()  # the process of the client died: no close frame, the TCP connection just ends
+        deadline = time.monotonic() + 20
+        while running():
+            assert time.monotonic() < deadline, "the session's command outlived its client"
+            time.sleep(0.2)
+
+
+# --------------------------------------------------------------------------- expose_service
+def test_service_endpoints(orch, http, box):
+    # expose_service(port, wait_ready=True, health_path="/"): its docstring's own example
+    exec_wait(http, box, "nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &")
+    ok(http.post(f"/sandboxes/{box}/files", json={"path": "hello.txt", "content": base64.b64encode(b"hi\n").decode()}))
+    payload = {"port": 8123, "wait_ready": True, "health_path": "/", "ready_timeout": 30}
+    endpoint = ok(http.post(f"/sandboxes/{box}/services", json=payload))
+    assert endpoint["sandbox_id"] == box and endpoint["port"] == 8123 and endpoint["expires_at"] > time.time()
+    url = endpoint["url"]
+    assert url.startswith(orch.url + "/s/")
+    with httpx.Client(timeout=30) as anyone:  # no X-API-Key: the URL is the credential
+        page = anyone.get(url + "/hello.txt")
+        assert page.status_code == 200 and page.text == "hi\n"
+        assert anyone.get(url + "/no-such-file").status_code == 404  # the service's own 404
+        assert ok(http.get(f"/sandboxes/{box}/services")) ["ports"] == [8123]  # list_services()
+        ok(http.delete(f"/sandboxes/{box}/services/8123"))  # revoke_service(): at once
+        assert anyone.get(url + "/hello.txt").status_code == 404
+        assert ok(http.get(f"/sandboxes/{box}/services"))["ports"] == []
+        assert anyone.get(url[:-4] + "AAAA/hello.txt").status_code == 404  # a forged token
+    # a port nothing listens on: 502 from the proxy; a bad port: 422
+    silent = ok(http.post(f"/sandboxes/{box}/services", json={"port": 8999, "ttl_seconds": 60}))
+    assert httpx.get(silent["url"] + "/", timeout=30).status_code == 502
+    assert http.post(f"/sandboxes/{box}/services", json={"port": 0}).status_code == 422
+    waited = http.post(f"/sandboxes/{box}/services", json={"port": 8999, "wait_ready": True, "ready_timeout": 1})
+    assert waited.status_code == 408 and "did not answer /health" in waited.text

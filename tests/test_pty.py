@@ -85,9 +85,9 @@ def test_python_repl(box):
 
 def test_bash_resize_kill(box):
     with box.shell(rows=24, cols=80, env={"PS1": "$ "}) as sh:
-        sh.send("stty size; echo $((6*7))-$TERM\n")
+        sh.send("stty size; echo $((6*7))-${TERM:+has-term}\n")
         out = sh.read_until(r"42-\S+\r\n", timeout=30)
-        assert b"24 80" in out and b"42-xterm-256color" in out
+        assert b"24 80" in out and b"42-has-term" in out
         sh.resize(40, 120)
         sh.send("stty size\n")
         assert b"40 120" in sh.read_until(r"40 120\r\n")

@@ -14,6 +14,7 @@ TCP port or a unix socket:
     GET  /files/list?path=P           list a directory
     POST /patch                       apply a unified diff with git (or patch)
     POST /pty                         a command on a terminal: 101, then JSON-line frames (ptys.py)
+    POST /connect                     {"port"}: 101, then bytes to and from 127.0.0.1:port (tunnel.py)
     GET  /jobs                        the running jobs' ids
     POST /jobs/ID/cancel              kill a running job (its /exec answers cancelled)
 

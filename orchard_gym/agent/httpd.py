@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover
         from hashlib import sha256
 
 import ptys
+import tunnel
 from common import (CHUNK, DEFAULT_MAX_FILE, MAX_BODY, MAX_TIMEOUT, MIN_RATE, VERSION, BadRequest, _number,
                     _only_keys, _reject_constant, _typed)
 from files import apply_patch, list_dir, open_regular, write_file
@@ -77,7 +78,7 @@ def _abs_path(path) -> str:
 PHRASES = {101: "Switching Protocols", 200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
            405: "Method Not Allowed", 409: "Conflict", 411: "Length Required", 413: "Payload Too Large",
            414: "URI Too Long", 422: "Unprocessable Entity", 431: "Request Header Fields Too Large",
-           408: "Request Timeout", 500: "Internal Server Error", 501: "Not Implemented"}
+           408: "Request Timeout", 500: "Internal Server Error", 501: "Not Implemented", 502: "Bad Gateway"}
 MAX_LINE = 65536  # bytes in a request line or a header line
 MAX_HEADERS = 100
 
@@ -419,6 +420,9 @@ class Handler(HTTPHandler):
     def pty(self, query):  # the connection becomes the session (ptys.py)
         ptys.serve(self, self._json_body())
 
+    def connect(self, query):  # the connection becomes a tunnel to a port in the sandbox (tunnel.py)
+        tunnel.serve(self, self._json_body())
+
     def list_files(self, query):
         self._json(200, list_dir(_abs_path(query.get("path", "."))))
 
@@ -455,6 +459,7 @@ ROUTES = {
     ("GET", "/files/list"): Handler.list_files,
     ("POST", "/patch"): Handler.patch,
     ("POST", "/pty"): Handler.pty,
+    ("POST", "/connect"): Handler.connect,
     ("GET", "/jobs"): Handler.jobs,
     ("POST", "/jobs/*/cancel"): Handler.cancel,
 }

@@ -56,7 +56,10 @@ def parse_init(req: dict, runner) -> dict:
     cmd = req.get("cmd", req.get("command"))
     if cmd is None:
         raise BadRequest("missing field: cmd", 422)
-    argv = runner.argv(cmd, bool(_typed(req, "login_shell", bool, False)))
+    try:
+        argv = runner.argv(cmd, bool(_typed(req, "login_shell", bool, False)))
+    except BadRequest as e:
+        raise BadRequest(f"cmd: {e}", 422) from None
     env = _typed(req, "env", dict, None) or {}
     if not all(isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
                for k, v in env.items()):

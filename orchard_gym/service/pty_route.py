@@ -7,7 +7,8 @@ each one (garbage gets an error frame and ends the session). When either side go
 other is closed, and the agent kills the command's process tree: a session never outlives
 its client. The API key comes as `?api_key=` (what Orchard Env's SDK sends), an `X-API-Key`
 header, or a `Sec-WebSocket-Protocol: api_key.<key>` offer. Refusals before the upgrade are
-close codes: 4401 no key, 4403 wrong key, 4404 no such sandbox, 4409 not running.
+an error frame (with `error`, `status`, `detail` for typed exceptions), then a close code:
+4401 no key, 4403 wrong key, 4404 no such sandbox, 4409 not running, 4422 a bad init.
 """
 
 from __future__ import annotations
@@ -60,26 +61,31 @@ async def _error(ws: WebSocket, message: str, code: int = 4400, **typed) -> None
 async def exec_pty(ws: WebSocket, sandbox_id: str) -> None:
     svc = ws.app.state.service
     key, subprotocol = _key(ws)
+    # refusals come after the upgrade, as an error frame and a close code: a refused handshake
+    # would reach the client as a bare HTTP 403, without the reason
+    await ws.accept(subprotocol=subprotocol)
     try:
         caller = ws.app.state.keyring.caller(key)
     except HTTPException as e:
-        await ws.close(code=4401 if e.status_code == 401 else 4403, reason=str(e.detail))
-        return
+        name = "AuthenticationError"
+        return await _error(ws, f"{name}: {e.detail}", 4000 + e.status_code, error=name, status=e.status_code,
+                            detail=str(e.detail))
     record = await svc.store.get_sandbox(sandbox_id)
     if record is None or not caller.may_see(record):
-        await ws.close(code=4404, reason=f"no sandbox {sandbox_id!r}")
-        return
+        return await _error(ws, f"SandboxNotFound: no sandbox {sandbox_id!r}", 4404, error="SandboxNotFound",
+                            status=404, detail=f"no sandbox {sandbox_id!r}")
     if record.status != "running":
-        await ws.close(code=4409, reason=f"sandbox {sandbox_id} is {record.status}, not running")
-        return
-    await ws.accept(subprotocol=subprotocol)
+        message = f"sandbox {sandbox_id} is {record.status}, not running"
+        return await _error(ws, f"Conflict: {message}", 4409, error="SandboxFailed" if record.status == "failed"
+                            else "InvalidRequest", status=409, detail=message)
 
     try:
         init = _frame(await asyncio.wait_for(ws.receive_text(), INIT_TIMEOUT))
     except TimeoutError:
-        return await _error(ws, f"no init frame within {INIT_TIMEOUT:g}s")
+        return await _error(ws, f"no init frame within {INIT_TIMEOUT:g}s", 4408)
     except (ValueError, KeyError) as e:  # KeyError: a binary frame where text was expected
-        return await _error(ws, f"bad init frame: {e}")
+        return await _error(ws, f"bad init frame: {e}", 4422, error="InvalidRequest", status=422,
+                            detail=f"bad init frame: {e}")
     except WebSocketDisconnect:
         return
     try:
