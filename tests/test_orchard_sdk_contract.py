@@ -292,7 +292,7 @@ def test_service_endpoints(orch, http, box):
     assert url.startswith(orch.url + "/s/")
     with httpx.Client(timeout=30) as anyone:  # no X-API-Key: the URL is the credential
         page = anyone.get(url + "/hello.txt")
-        assert page.status_code == 200 and page.text == "hi\n"
+        assert page.status_code == 200 and page.text == "hi\n" and page.headers["content-type"] == "text/plain"
         assert anyone.get(url + "/no-such-file").status_code == 404  # the service's own 404
         assert ok(http.get(f"/sandboxes/{box}/services")) ["ports"] == [8123]  # list_services()
         ok(http.delete(f"/sandboxes/{box}/services/8123"))  # revoke_service(): at once

@@ -204,7 +204,10 @@ async def proxy(request: Request, token: str, path: str = "") -> Response:
         if "nothing answers" in str(e):
             return Response(str(e).split(": ", 1)[-1], status_code=502)
         raise
-    return StreamingResponse(chunks, status_code=status, headers=dict(headers))
+    response = StreamingResponse(chunks, status_code=status)
+    # raw, so that repeated headers (several Set-Cookie) stay repeated
+    response.raw_headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+    return response
 
 
 @public.api_route("/s/{token}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
