@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import client_kwargs, docker_engine, fake_k8s_unavailable, needs, wait_until
-from orchard_gym import InvalidRequest, SandboxClient
-from orchard_gym.terminal import PtyError
+from orchard_gym import InvalidRequest, PtyError, SandboxClient
 
 # python3 and bash: the SWE base image (scripts/build_swe_images.py), besides the local host
 IMAGE = "localhost/orchard/swe-base:latest"
