@@ -133,8 +133,8 @@ async def expose(request: Request, sandbox_id: str, body: ServiceBody) -> dict:
     svc, settings = request.app.state.service, request.app.state.settings
     await svc.sandboxes.use(sandbox_id)
     expires = time.time() + (body.ttl_seconds or settings.service_ttl)
-    if body.wait_ready:
-        await _wait_ready(svc, sandbox_id, body)
+    if body.wait_ready:  # one request waits at most the server's max_wait, as every server-side wait
+        await _wait_ready(svc, sandbox_id, body, min(body.ready_timeout, settings.max_wait))
 
     def add(record):
         record.details = {**record.details, "services": {**_exposed(record), str(body.port): expires}}
@@ -146,8 +146,8 @@ async def expose(request: Request, sandbox_id: str, body: ServiceBody) -> dict:
             "expires_at": int(expires)}
 
 
-async def _wait_ready(svc, sandbox_id: str, body: ServiceBody) -> None:
-    deadline = time.monotonic() + body.ready_timeout
+async def _wait_ready(svc, sandbox_id: str, body: ServiceBody, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
     last = "no answer"
     while time.monotonic() < deadline:
         try:
@@ -161,7 +161,7 @@ async def _wait_ready(svc, sandbox_id: str, body: ServiceBody) -> None:
             last = str(e)
         await asyncio.sleep(0.2)
     raise SandboxTimeout(f"the service on port {body.port} did not answer {body.health_path} within "
-                         f"{body.ready_timeout:g}s ({last})")
+                         f"{timeout:g}s ({last})")
 
 
 @router.get("/sandboxes/{sandbox_id}/services", summary="the ports a sandbox exposes")
@@ -183,7 +183,7 @@ async def revoke(request: Request, sandbox_id: str, port: int) -> dict:
 
 
 @public.api_route("/s/{token}/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
-                  summary="a request to a service in a sandbox (the token is the credential)")
+                  include_in_schema=False)  # any method, any path: the service's API, not ours
 async def proxy(request: Request, token: str, path: str = "") -> Response:
     svc, settings = request.app.state.service, request.app.state.settings
     sandbox_id, port, _ = read_token(settings, token)
