@@ -14,7 +14,7 @@ Sandbox cgroups live under `<own cgroup>/<parent>/<sandbox id>` in each hierarch
 whatever limits the creating process lives under also bind its sandboxes. The agent
 puts each command in a child cgroup `job-<marker>` of the sandbox's freezer (v1) or
 unified (v2) directory, which it reaches through an inherited directory fd (see
-orchard_gym/agent.py, JobCgroups).
+orchard_gym/agent/jobs.py, JobCgroups).
 
 `detect()` answers a driver, or the reason there is none (then the backend falls back to
 the environment-marker kill and says so in `resources()`).

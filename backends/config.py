@@ -38,6 +38,10 @@ class LocalBackendConfig(BaseModel):
                                            "or absolute from the hierarchy's root")
     pids_limit: int | None = Field(1024, ge=8, le=4194304, description="processes and threads per sandbox "
                                    "(cgroups only; None: unlimited)")
+    any_image_as_host: bool = Field(
+        default_factory=lambda: os.environ.get("ORCHARD_LOCAL_ANY_IMAGE", "").lower() in ("1", "true", "yes", "on"),
+        description="run a sandbox asking for any image on the host's userland (one warning) instead of refusing "
+                    "it with 422: for image-agnostic benchmarks (default: $ORCHARD_LOCAL_ANY_IMAGE)")
 
     @field_validator("cgroup_parent")
     @classmethod

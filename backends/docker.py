@@ -74,7 +74,7 @@ AGENT_DIR = "/opt/orchard-agent"
 # docs/agent_bundle.md: run the bundle's loader explicitly, so the image needs no glibc
 LOADER = f"{AGENT_DIR}/lib/ld-linux-x86-64.so.2"
 AGENT_ARGS = ["--library-path", f"{AGENT_DIR}/lib", f"{AGENT_DIR}/bin/python3", "-I", "-S", "-B",
-              f"{AGENT_DIR}/agent.py"]
+              f"{AGENT_DIR}/agent"]  # a folder of modules: python runs its __main__.py
 DEFAULT_WORKDIR = "/workspace"
 
 

@@ -20,6 +20,7 @@ from .errors import (
     ServiceUnavailable,
 )
 from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .terminal import AsyncPtyProcess, PtyError, PtyProcess
 
 __version__ = "0.1.0"
 
@@ -28,8 +29,8 @@ from .registration import register_envs as _register_envs  # noqa: E402
 _register_envs()
 
 __all__ = [
-    "AgentUnavailable", "AsyncSandboxClient", "AsyncSandboxInstance", "AuthenticationError", "BackendError",
+    "AgentUnavailable", "AsyncPtyProcess", "AsyncSandboxClient", "AsyncSandboxInstance", "AuthenticationError", "BackendError",
     "ExecEvent", "FileInfo", "ImageNotFound", "InvalidRequest", "JobNotFound", "JobResult", "OrchardError",
-    "PatchResult", "SandboxClient", "SandboxFailed", "SandboxInstance", "SandboxNotFound", "SandboxRecord",
+    "PatchResult", "PtyError", "PtyProcess", "SandboxClient", "SandboxFailed", "SandboxInstance", "SandboxNotFound", "SandboxRecord",
     "SandboxSpec", "SandboxTimeout", "ServiceUnavailable", "__version__",
 ]

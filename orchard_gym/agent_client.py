@@ -101,6 +101,33 @@ class AgentClient:
                 await inner.aclose()
         return body.size, chunks()
 
+    async def open_pty(self, init: dict):
+        """A terminal session (POST /pty, switched to JSON-line frames): a LinesChannel."""
+        from .terminal import LinesChannel
+
+        try:
+            reader, writer = await self._http.upgrade("/pty", json.dumps(init).encode())
+        except ErrorAnswer as e:
+            _raise_for_status(e.response)
+            raise OrchardError(f"agent answered POST /pty with {e.response.status}")
+        except TimeoutError as e:
+            raise SandboxTimeout("agent did not start the terminal session within 30s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+        return LinesChannel(reader, writer)
+
+    async def open_tunnel(self, port: int, timeout: float = 30.0):
+        """(reader, writer) of a byte tunnel to 127.0.0.1:port inside the sandbox (POST /connect)."""
+        try:
+            return await self._http.upgrade("/connect", json.dumps({"port": port}).encode(), timeout)
+        except ErrorAnswer as e:
+            _raise_for_status(e.response)
+            raise OrchardError(f"agent answered POST /connect with {e.response.status}")
+        except TimeoutError as e:
+            raise SandboxTimeout(f"agent did not open a tunnel to port {port} within {timeout:g}s") from e
+        except (AgentConnectError, AgentProtocolError) as e:
+            raise AgentUnavailable(str(e)) from e
+
     async def cancel(self, job_id: str) -> bool:
         resp = await self._request("POST", f"/jobs/{job_id}/cancel", body=b"")
         return bool(resp.json().get("cancelled"))

@@ -185,6 +185,28 @@ class AgentHTTP:
             return Response(status, headers, data)
         raise AssertionError("unreachable")
 
+    async def upgrade(self, path: str, body: bytes, timeout: float = 30.0) -> tuple[asyncio.StreamReader,
+                                                                                  asyncio.StreamWriter]:
+        """POST `body` to `path` on a connection of its own, which the agent switches to
+        another protocol (101): its streams. Any other answer raises ErrorAnswer."""
+        conn = await self._connect()
+        try:
+            conn.writer.write(self._head("POST", path, None, body, "application/json") + body)
+            await conn.writer.drain()
+            async with asyncio.timeout(timeout):
+                status, headers = await self._read_head(conn)
+                if status != 101:
+                    length = int(headers.get("content-length", "0"))
+                    data = await conn.reader.readexactly(length) if length else b""
+                    raise ErrorAnswer(Response(status, headers, data))
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            conn.close()
+            raise AgentProtocolError(f"agent connection broke: {type(e).__name__}: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn.reader, conn.writer
+
     async def request_stream(self, method: str, path: str, *, params: dict | None = None,
                              timeout: float = 300.0) -> tuple[Response | None, BodyStream | None]:
         """A bodiless request whose answer body is read in chunks as it arrives.

@@ -98,10 +98,13 @@ def sandbox_gc(root, backend) -> None:
               context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.pass_context
 def agent_cmd(ctx) -> None:
-    """Start an execution agent by hand (arguments as `python agent.py --help`)."""
-    from . import agent
+    """Start an execution agent by hand (arguments as `python3 orchard_gym/agent --help`)."""
+    import runpy
 
-    sys.exit(agent.main(ctx.args))
+    from .agent import AGENT_DIR
+
+    sys.argv = ["orchard-agent", *ctx.args]
+    runpy.run_path(AGENT_DIR, run_name="__main__")  # the folder on sys.path[0], as in a sandbox
 
 
 @main.command()

@@ -29,6 +29,10 @@ from .control import InProcessControl, SandboxControl
 from .errors import InvalidRequest, SandboxNotFound
 from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
 from .retry import RetryPolicy
+from .terminal import AsyncPtyProcess, PtyProcess, init_frame
+
+# an interactive shell in any image: bash where there is one, else sh
+SHELL = ["sh", "-c", "command -v bash >/dev/null 2>&1 && exec bash -i || exec sh -i"]
 
 DEFAULT_READY_TIMEOUT = 120.0
 _live_clients: weakref.WeakSet[AsyncSandboxClient] = weakref.WeakSet()
@@ -68,12 +72,30 @@ class AsyncSandboxInstance:
 
     async def exec(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
                    env: dict[str, str] | None = None, stdin: str | None = None,
-                   login_shell: bool = False, job_id: str | None = None) -> JobResult:
+                   login_shell: bool = False, job_id: str | None = None, *, pty: bool = False,
+                   rows: int = 24, cols: int = 80) -> JobResult | AsyncPtyProcess:
         """Run a shell string (or an argv list) and wait for it. Never raises on a
         non-zero exit: check `result.exit_code` / `result.succeeded`. Give a `job_id` to
-        be able to `cancel(job_id)` it from elsewhere while it runs."""
+        be able to `cancel(job_id)` it from elsewhere while it runs.
+
+        pty=True: start it on a terminal of rows x cols instead and return at once an
+        AsyncPtyProcess to drive it (send, read, read_until, resize, kill, wait, close);
+        `timeout`, `stdin` and `job_id` do not apply (the process runs until it exits or
+        is closed)."""
+        if pty:
+            if stdin is not None or job_id is not None:
+                raise InvalidRequest("stdin and job_id do not apply to pty=True: send() input to the process")
+            init = init_frame(command, env=env, cwd=cwd, rows=rows, cols=cols, login_shell=login_shell)
+            return await AsyncPtyProcess.start(await self._control.open_pty(self.sandbox_id, init))
         req = _exec_request(command, timeout, cwd, env, stdin, login_shell, job_id)
         return await self._control.exec(self.sandbox_id, req)
+
+    async def shell(self, program: str | list[str] | None = None, *, rows: int = 24, cols: int = 80,
+                    cwd: str | None = None, env: dict[str, str] | None = None) -> AsyncPtyProcess:
+        """An interactive shell on a terminal (bash -i where there is bash, else sh -i; or
+        `program`, e.g. "python3"): exec(program, pty=True)."""
+        command = SHELL if program is None else ([program] if isinstance(program, str) else program)
+        return await self.exec(command, cwd=cwd, env=env, pty=True, rows=rows, cols=cols)
 
     async def exec_stream(self, command: str | list[str], timeout: float = 600, cwd: str | None = None,
                           env: dict[str, str] | None = None, stdin: str | None = None,
@@ -311,8 +333,13 @@ class SandboxInstance:
         return f"<SandboxInstance {self.sandbox_id} {self.status}>"
 
     def exec(self, command, timeout: float = 600, cwd=None, env=None, stdin=None, login_shell=False,
-             job_id=None) -> JobResult:
-        return self._run(self._inner.exec(command, timeout, cwd, env, stdin, login_shell, job_id))
+             job_id=None, *, pty: bool = False, rows: int = 24, cols: int = 80) -> JobResult | PtyProcess:
+        result = self._run(self._inner.exec(command, timeout, cwd, env, stdin, login_shell, job_id,
+                                            pty=pty, rows=rows, cols=cols))
+        return PtyProcess(result, self._run) if pty else result
+
+    def shell(self, program=None, *, rows: int = 24, cols: int = 80, cwd=None, env=None) -> PtyProcess:
+        return PtyProcess(self._run(self._inner.shell(program, rows=rows, cols=cols, cwd=cwd, env=env)), self._run)
 
     def exec_stream(self, command, timeout: float = 600, cwd=None, env=None, stdin=None,
                     login_shell=False, job_id=None) -> Iterator[ExecEvent]:

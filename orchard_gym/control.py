@@ -61,24 +61,36 @@ class SandboxControl(ABC):
         """Kill a running job; False when no job of that id runs."""
         raise NotImplementedError
 
+    @abstractmethod
+    async def open_pty(self, sandbox_id: str, init: dict):
+        """A terminal session for the init frame (terminal.init_frame): a terminal.PtyChannel."""
+
     async def aclose(self) -> None:
         pass
 
 
+TIMED_OUT_EXIT = 124
+
+
 def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -> JobResult:
     now = time.time()
+    exit_code, stderr = result.exit_code, result.stderr
+    if result.timed_out:  # as timeout(1) and Orchard Env: 124, and a line saying so
+        exit_code = TIMED_OUT_EXIT
+        sep = "\n" if stderr and not stderr.endswith("\n") else ""
+        stderr += f"{sep}Command timed out after {req.timeout:g}s and was killed\n"
     return JobResult(
         job_id=req.job_id or uuid.uuid4().hex,
         sandbox_id=sandbox_id,
         command=req.command,
-        status="succeeded" if result.exit_code == 0 else "failed",
+        status="succeeded" if exit_code == 0 else "failed",
         stdout=result.stdout,
-        stderr=result.stderr,
-        exit_code=result.exit_code,
+        stderr=stderr,
+        exit_code=exit_code,
         created_at=started,
         started_at=started,
         completed_at=now,
-        error="timed out" if result.timed_out else ("cancelled" if getattr(result, "cancelled", False) else None),
+        error=f"timed out after {req.timeout:g}s" if result.timed_out else ("cancelled" if getattr(result, "cancelled", False) else None),
         duration=result.duration,
         timed_out=result.timed_out,
         truncated=result.truncated,
@@ -202,6 +214,9 @@ class InProcessControl(SandboxControl):
 
     async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult:
         return await self._call(sandbox_id, "apply_patch", patch, cwd, timeout)
+
+    async def open_pty(self, sandbox_id: str, init: dict):
+        return await self._call(sandbox_id, "open_pty", init)
 
     async def aclose(self) -> None:
         agents, self._agents = list(self._agents.values()), {}

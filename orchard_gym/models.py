@@ -6,7 +6,7 @@ import re
 import time
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 RESERVED_ENV_PREFIX = "ORCHARD_"  # sandbox env names the backends set themselves
@@ -34,6 +34,38 @@ def parse_memory(value: int | str | None) -> int | None:
     return size
 
 
+def parse_cpu(value):
+    """A CPU count: a number, or a Kubernetes quantity ('2', '0.5', '2000m') -> cores."""
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(m?)\s*", value)
+        if not m:
+            raise ValueError(f"cannot read cpu {value!r}; use a number of cores or a quantity like '500m'")
+        return float(m.group(1)) / (1000 if m.group(2) else 1)
+    return value
+
+
+# cores: a number, or the Kubernetes quantity Orchard Env's SDK sends ("2000m", "0.5")
+Cpu = Annotated[float, BeforeValidator(parse_cpu), Field(gt=0, le=1024, allow_inf_nan=False)]
+
+
+def parse_mtime(value):
+    """A modification time: seconds since the epoch, or the ISO 8601 string of the REST API."""
+    if isinstance(value, str):
+        from datetime import datetime, timezone
+        try:
+            stamp = datetime.fromisoformat(value)
+        except ValueError:
+            raise ValueError(f"cannot read modification time {value!r}") from None
+        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+    return value
+
+
+def iso_mtime(seconds: float) -> str:
+    """The REST API's `modified`: ISO 8601 in UTC, as a string (Orchard Env's SDK reads a string)."""
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+
+
 class SandboxSpec(BaseModel):
     """What to create: the body of `POST /sandboxes` and `create_sandbox()`."""
 
@@ -42,7 +74,7 @@ class SandboxSpec(BaseModel):
     image: str | None = Field(None, description="task image; on the local backend None or 'host'")
     block_network: bool = True
     sandbox_id: str | None = Field(None, description="DNS-label id; generated when absent")
-    cpu: float | None = Field(None, gt=0, le=1024, allow_inf_nan=False)
+    cpu: Cpu | None = Field(None, description="cores: 1.5, or a quantity like '1500m'")
     memory: int | str | None = Field(None, description="bytes, or '512m', '2Gi'")
     timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False, description="seconds to wait for ready")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
@@ -195,7 +227,7 @@ class FileInfo(BaseModel):
     name: str
     type: Literal["file", "directory", "symlink"]
     size: int
-    modified: float
+    modified: Annotated[float, BeforeValidator(parse_mtime)]
 
 
 class ExecEvent(BaseModel):

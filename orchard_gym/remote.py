@@ -91,6 +91,7 @@ class RemoteControl(SandboxControl):
         self.retry = retry or RetryPolicy()
         self.timeout = timeout
         headers = {"X-API-Key": api_key} if api_key else {}
+        self._headers = headers
         # httpcore's pool does work quadratic in its connections on every request, which
         # dominates at a few hundred requests in flight: spread them over a few small pools.
         # A request beyond a pool's size waits for a free connection (pool=None), never fails.
@@ -273,6 +274,13 @@ class RemoteControl(SandboxControl):
     async def download(self, sandbox_id: str, path: str) -> bytes:
         data = await self._json("GET", f"{self._p(sandbox_id)}/files", params={"path": path}, timeout=300)
         return base64.b64decode(data["content"])
+
+    async def open_pty(self, sandbox_id: str, init: dict):
+        """A WebSocket to the orchestrator's /exec/pty (the key in a header, not the URL)."""
+        from .terminal import WebSocketChannel
+
+        url = "ws" + self.base_url[len("http"):] + f"{self._p(sandbox_id)}/exec/pty"
+        return await WebSocketChannel.connect(url, init, headers=self._headers, timeout=self.timeout)
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
         data = await self._json("GET", f"{self._p(sandbox_id)}/files/list", params={"path": path})

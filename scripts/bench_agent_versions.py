@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Exec round trip of two agent.py versions, side by side in the same run.
+"""Exec round trip of two agent versions, side by side in the same run.
 
-    python scripts/bench_agent_versions.py OLD_AGENT_PY [-n 400]
-    # e.g. git show main:orchard_gym/agent.py > /tmp/agent-old.py
+    python scripts/bench_agent_versions.py OLD_AGENT [-n 400]
+    # OLD_AGENT: a one-file agent.py or an agent folder, e.g. the one-file agent of before the split:
+    # git show 4c0ffe6:orchard_gym/agent.py > /tmp/agent-old.py
 
 Starts both agents on unix sockets and alternates `POST /exec {"command": ["true"]}` over
 one keep-alive connection each (interleaved, so machine load hits both alike); prints p50/p95
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import httpx
 
-NEW = Path(__file__).resolve().parents[1] / "orchard_gym" / "agent.py"
+NEW = Path(__file__).resolve().parents[1] / "orchard_gym" / "agent"  # a folder: python runs its __main__.py
 TOKEN = "bench-token"
 
 
@@ -52,7 +53,7 @@ def start(agent_py: str, tmp: Path, new: bool) -> tuple[subprocess.Popen, httpx.
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("old", help="the agent.py to compare against")
+    p.add_argument("old", help="the agent (agent.py, or a folder with __main__.py) to compare against")
     p.add_argument("-n", type=int, default=400)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Usage: build_agent_bundle.sh OUT_DIR
 # Builds a self-contained, relocatable runtime for the stdlib-only agent
-# (orchard_gym/agent.py, override with AGENT_PY=...) that runs in images with
+# (the folder orchard_gym/agent, override with AGENT_SRC=...) that runs in images with
 # no Python and no glibc, from a READ-ONLY mount. Layout and argv: docs/agent_bundle.md.
 #
 # Approach: Debian's /usr/bin/python3.11 (libpython linked statically) + a
@@ -11,7 +11,7 @@
 # container's /lib and nothing (no LD_LIBRARY_PATH) leaks into child processes.
 #
 # Idempotent: the runtime is rebuilt only when its stamp (this script, the
-# interpreter binary, package versions) changes; agent.py is re-copied every run.
+# interpreter binary, package versions) changes; the agent is re-copied every run.
 set -euo pipefail
 
 log() { echo "[build_agent_bundle] $*"; }
@@ -21,10 +21,10 @@ die() { echo "[build_agent_bundle] ERROR: $*" >&2; exit 1; }
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 OUT=$(mkdir -p "$1" && cd "$1" && pwd)
 [[ $OUT != / ]] || die "refusing OUT_DIR=/ (the build deletes OUT_DIR/bin and OUT_DIR/lib)"
-AGENT_PY=${AGENT_PY:-$REPO/orchard_gym/agent.py}
+AGENT_SRC=${AGENT_SRC:-$REPO/orchard_gym/agent}   # the agent: a folder of stdlib-only modules
 PY=/usr/bin/python3.11    # Debian's build: no RPATH, no libpython.so dependency
 VER=3.11
-[[ -f $AGENT_PY ]] || die "agent not found: $AGENT_PY (set AGENT_PY=...)"
+[[ -f $AGENT_SRC/__main__.py ]] || die "agent not found: $AGENT_SRC/__main__.py (set AGENT_SRC=...)"
 [[ -x $PY ]] || die "$PY missing (run scripts/setup_system.sh)"
 # Serialise concurrent builds (parallel test workers); one lock per OUT_DIR.
 exec 9>"${TMPDIR:-/tmp}/orchard-agent-bundle.$(echo "$OUT" | md5sum | cut -c1-12).lock"
@@ -93,7 +93,7 @@ build_runtime() {
 # bundle root = parent of this file's directory (symlinks to it resolved)
 p=$(readlink -f "$0" 2>/dev/null) || p=$0
 d=$(cd "${p%/*}/.." && pwd) || exit 127
-exec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/bin/python3" -I -S -B "$d/agent.py" "$@"
+exec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/bin/python3" -I -S -B "$d/agent" "$@"
 SH
   chmod 0755 "$OUT/bin/orchard-agent"
   chmod -R a+rX "$OUT"
@@ -109,8 +109,15 @@ else
   log "runtime built in $((SECONDS - t0)) s"
 fi
 
-# Always refresh the agent (cheap); keep mtime stable when unchanged.
-cmp -s "$AGENT_PY" "$OUT/agent.py" || install -m 0644 "$AGENT_PY" "$OUT/agent.py"
+# Always refresh the agent (cheap): its *.py files, each re-copied only when changed (stable
+# mtimes), stale ones removed, then byte-compiled (checked-hash: a pyc is used only while its
+# source matches, so the read-only mount never recompiles and never runs stale code).
+rm -f "$OUT/agent.py"  # the one-file agent of earlier bundles
+mkdir -p "$OUT/agent"
+for f in "$OUT/agent"/*.py; do [[ -e $f && ! -e $AGENT_SRC/${f##*/} ]] && rm -f "$f"; done
+for f in "$AGENT_SRC"/*.py; do cmp -s "$f" "$OUT/agent/${f##*/}" || install -m 0644 "$f" "$OUT/agent/${f##*/}"; done
+"$PY" -I -m compileall -q --invalidation-mode checked-hash "$OUT/agent" >/dev/null
+chmod -R a+rX "$OUT/agent"
 
 # Smoke test on the host, through the same loader path the containers use.
 "$OUT/lib/ld-linux-x86-64.so.2" --library-path "$OUT/lib" "$OUT/bin/python3" -I -S -B -c \

@@ -28,7 +28,7 @@ from components import (  # noqa: F401
 )
 
 REPO = Path(__file__).resolve().parents[1]
-AGENT_PY = REPO / "orchard_gym" / "agent.py"
+AGENT_PY = REPO / "orchard_gym" / "agent"  # a folder: python runs its __main__.py
 HAS_BWRAP = shutil.which("bwrap") is not None
 WHY_NO_BWRAP = "" if HAS_BWRAP else "bwrap is not on PATH (bash scripts/setup_system.sh)"
 needs_bwrap = needs("bwrap", WHY_NO_BWRAP)

@@ -64,6 +64,26 @@ def test_images_are_refused_with_a_clear_error(local_root):
         assert client.create_sandbox(image="host").exec("true").succeeded
 
 
+def test_any_image_as_host_is_opt_in_with_one_warning(local_root, monkeypatch, caplog):
+    from pydantic import ValidationError
+
+    from orchard_gym.backends.config import LocalBackendConfig
+
+    with pytest.raises(InvalidRequest, match="any_image_as_host"):  # the refusal says how to opt in
+        SandboxClient({"type": "local", "root": str(local_root)}).create_sandbox(image="python:3.11-slim")
+    with pytest.raises(ValidationError, match="any_image_as_host"):
+        LocalBackendConfig(any_image_as_host="sometimes")
+    monkeypatch.setenv("ORCHARD_LOCAL_ANY_IMAGE", "1")
+    assert LocalBackendConfig().any_image_as_host and not LocalBackendConfig(any_image_as_host=False).any_image_as_host
+    with caplog.at_level("WARNING", logger="orchard_gym.backends.local"):
+        with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+            boxes = [client.create_sandbox(image=name) for name in ("python:3.11-slim", "ubuntu:22.04")]
+            assert [b.record.image for b in boxes] == ["python:3.11-slim", "ubuntu:22.04"]
+            assert boxes[0].exec("python3 -c 'print(6*7)'").stdout == "42\n"  # the host's python
+    warned = [r for r in caplog.records if "any_image_as_host" in r.getMessage()]
+    assert len(warned) == 1 and "python:3.11-slim" in warned[0].getMessage()
+
+
 def test_missing_bwrap_falls_back_with_one_warning(local_root, monkeypatch):
     from orchard_gym.backends import local
 

@@ -233,7 +233,7 @@ def test_vanished_backend_resource_is_marked_failed(orch, http, box):
             return f.read().split(b"\0")
 
     agent = [pid for pid in marked_pids(f"ORCHARD_SANDBOX={box}")
-             if not argv(pid)[0].endswith(b"bwrap") and any(a.endswith(b"agent.py") for a in argv(pid))]
+             if not argv(pid)[0].endswith(b"bwrap") and any(a.rstrip(b"/").endswith(b"/agent") for a in argv(pid))]
     assert len(agent) == 1
     os.kill(agent[0], signal.SIGKILL)  # the agent (and with it the sandbox) dies behind our back
     assert wait_until(lambda: http.get(f"/sandboxes/{box}").json()["status"] == "failed", 5)

@@ -143,6 +143,6 @@ async def agent_python(sandbox: AsyncSandboxInstance) -> list[str]:
     r = await sandbox.exec("cat /proc/$PPID/cmdline", timeout=30)
     argv = [a for a in r.stdout.split("\0") if a]
     for i, arg in enumerate(argv):
-        if arg.endswith("agent.py") and i > 0:
+        if arg.rstrip("/").endswith(("/agent", "agent.py")) and i > 0:  # the agent's folder (or an old agent.py)
             return argv[:i]
     raise ServiceError(f"cannot find the agent's python from its command line {argv[:8]!r}")

@@ -15,14 +15,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
 from orchard_gym.errors import InvalidRequest, SandboxNotFound, SandboxTimeout
-from orchard_gym.models import (Command, ExecRequest, FileInfo, JobId, JobResult, PatchResult, SandboxRecord,
-                                SandboxSpec, Seconds)
+from orchard_gym.models import (Command, ExecRequest, JobId, JobResult, PatchResult, SandboxRecord,
+                                SandboxSpec, Seconds, iso_mtime)
 
 from .auth import caller_of, check_labels, check_scope, public_record
 from .errors import status_of
 
 # --------------------------------------------------------------------------- wire models
 MAX_TIMEOUT = 7 * 86400
+DEFAULT_EXEC_TIMEOUT = 600.0
 
 
 class ExecBody(BaseModel):
@@ -31,7 +32,7 @@ class ExecBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     command: Command = Field(..., description="a shell string (bash -c) or an argv list")
-    timeout_seconds: Seconds = 600
+    timeout_seconds: Seconds | None = Field(DEFAULT_EXEC_TIMEOUT, description=f"null: {DEFAULT_EXEC_TIMEOUT:g} s")
     cwd: str | None = None
     env: dict[str, str] | None = None
     stdin: str | None = None
@@ -39,8 +40,12 @@ class ExecBody(BaseModel):
     wait: bool = Field(False, description="answer with the finished job instead of {job_id, status}")
     job_id: JobId | None = Field(None, description="the job's id (unique), to cancel it while it runs")
 
+    @property
+    def timeout(self) -> float:  # Orchard Env's SDK sends null when its caller gives none
+        return DEFAULT_EXEC_TIMEOUT if self.timeout_seconds is None else self.timeout_seconds
+
     def request(self) -> ExecRequest:
-        return ExecRequest(command=self.command, cwd=self.cwd, env=self.env, timeout=self.timeout_seconds,
+        return ExecRequest(command=self.command, cwd=self.cwd, env=self.env, timeout=self.timeout,
                            stdin=self.stdin, login_shell=self.login_shell, job_id=self.job_id)
 
 
@@ -61,11 +66,16 @@ class UploadBody(BaseModel):
 
 
 class SandboxOut(SandboxRecord):
-    """A sandbox record as the API shows it (no token, no backend internals)."""
+    """A sandbox record as the API shows it (no token, no backend internals), with the
+    fields Orchard Env's SDK reads: `ready`, `namespace`, `timeout`, `status_message`."""
 
     model_config = ConfigDict(extra="ignore")
 
     expires_at: float | None = Field(None, description="when it is reaped unless heartbeated or used")
+    ready: bool = Field(False, description="status is running: the agent answers")
+    namespace: str | None = Field(None, description="the Kubernetes namespace (kubernetes backend), else the backend")
+    timeout: float | None = Field(None, description="seconds it may take to become ready")
+    status_message: str = Field("", description="why it failed, if it did")
 
 
 class Deleted(BaseModel):
@@ -95,9 +105,16 @@ class DownloadOut(BaseModel):
     size: int
 
 
+class FileOut(BaseModel):
+    name: str
+    type: str = Field(..., description="file, directory or symlink")
+    size: int
+    modified: str = Field(..., description="ISO 8601, UTC")
+
+
 class ListOut(BaseModel):
     path: str
-    files: list[FileInfo]
+    files: list[FileOut]
 
 
 class ErrorOut(BaseModel):
@@ -114,8 +131,13 @@ def _svc(request: Request):
 
 
 def _out(request: Request, record: SandboxRecord) -> dict:
+    settings = request.app.state.settings
     data = public_record(record)  # env names only, no owner label
-    data["expires_at"] = record.last_heartbeat + request.app.state.settings.sandbox_ttl
+    data["expires_at"] = record.last_heartbeat + settings.sandbox_ttl
+    data["ready"] = record.status == "running"
+    data["namespace"] = record.details.get("namespace") or record.backend
+    data["timeout"] = record.details.get("ready_timeout") or settings.ready_timeout
+    data["status_message"] = record.error or ""
     return data
 
 
@@ -223,7 +245,9 @@ async def sandbox_resources(request: Request, sandbox_id: str) -> dict:
 @router.get("/sandboxes/{sandbox_id}/wait", summary="block until the sandbox is ready (or failed)",
             response_model=SandboxOut, responses=_errors(404, 408))
 async def wait_sandbox(request: Request, sandbox_id: str, timeout: Timeout = 30.0) -> dict:
-    return _out(request, await _svc(request).sandboxes.wait_ready(sandbox_id, _wait_for(request, timeout)))
+    # a wait on readiness holds nothing but this request: it may be as long as creating takes
+    timeout = min(timeout, request.app.state.settings.max_ready_wait)
+    return _out(request, await _svc(request).sandboxes.wait_ready(sandbox_id, timeout))
 
 
 @router.post("/sandboxes/{sandbox_id}/heartbeat", summary="refresh the liveness timer",
@@ -236,7 +260,7 @@ async def heartbeat(request: Request, sandbox_id: str) -> dict:
              response_model=JobResult | Queued, responses=_errors(404, 409, 422, 502, 503))
 async def exec_command(request: Request, sandbox_id: str, body: ExecBody) -> Response:
     svc = _svc(request)
-    wait_timeout = _wait_for(request, body.timeout_seconds + 5.0)
+    wait_timeout = _wait_for(request, body.timeout + 5.0)
     job = await svc.execs.submit(sandbox_id, body.request(), body.wait, wait_timeout)
     if not body.wait:
         return JSONResponse({"job_id": job.job_id, "status": "queued"})
@@ -365,4 +389,4 @@ async def list_files(request: Request, sandbox_id: str, path: str = ".") -> dict
     svc = _svc(request)
     await svc.sandboxes.use(sandbox_id)
     files = await svc.sandboxes.call(sandbox_id, "list_files", path)
-    return {"path": path, "files": files}
+    return {"path": path, "files": [{**f.model_dump(), "modified": iso_mtime(f.modified)} for f in files]}

@@ -21,6 +21,9 @@ from orchard_gym.backends.config import parse_backend_config
 from orchard_gym.errors import InvalidRequest, OrchardError
 
 from .api import public, router
+from .pty_route import router as pty_router
+from .services import public as services_public
+from .services import router as services_router
 from .auth import KeyRing
 from .errors import status_of
 from .execs import ExecManager
@@ -113,6 +116,9 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
     app.state.metrics = metrics
     app.include_router(public)
     app.include_router(router)
+    app.include_router(pty_router)  # authenticates itself: a WebSocket has no X-API-Key dependency
+    app.include_router(services_router)
+    app.include_router(services_public)  # /s/{token}/...: the token is the credential
     _install_error_handlers(app)
     app.add_middleware(RequestContext, metrics=metrics)
     return app

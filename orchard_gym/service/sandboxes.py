@@ -54,7 +54,7 @@ class SandboxManager:
             sandbox_id=sandbox_id, image=spec.image, status="pending", backend=self.backend.name,
             block_network=spec.block_network, cpu=spec.cpu, memory=spec.memory, env=spec.env, labels=spec.labels,
             created_at=now, last_heartbeat=now,
-            details={"replica": self.replica, "ready_deadline": now + timeout},
+            details={"replica": self.replica, "ready_deadline": now + timeout, "ready_timeout": timeout},
         )
         if not await self.store.add_sandbox(record):
             raise Conflict(f"sandbox {sandbox_id} already exists")

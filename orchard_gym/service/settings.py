@@ -78,7 +78,12 @@ class ServiceSettings(BaseSettings):
     replica_ttl: float | None = Field(None, gt=0, description="a replica silent this long is dead (default 3x reconcile_interval, at least 3 s)")
     ready_timeout: float = Field(120.0, gt=0, description="default seconds for a sandbox to become ready")
     job_ttl: float = Field(3600.0, gt=0, description="seconds a finished job stays readable")
-    max_wait: float = Field(60.0, gt=0, description="longest server-side wait of one request (wait=true, /wait)")
+    max_wait: float = Field(60.0, gt=0, description="longest server-side wait of one request (wait=true, a job's /wait)")
+    service_secret: str | None = Field(None, description="key of the service endpoint URLs' signatures, the same "
+                                                         "on every replica (default: derived from the API keys)")
+    service_ttl: float = Field(3600.0, gt=0, description="default lifetime of a service endpoint URL, seconds")
+    max_ready_wait: float = Field(3600.0, gt=0, description="longest wait of a sandbox's /wait (Orchard Env's SDK "
+                                                           "asks for up to its ready timeout and treats 408 as final)")
 
     exec_concurrency: int = Field(128, ge=1, description="commands running at once on this replica")
     exec_queue: int = Field(4096, ge=0, description="commands waiting beyond that; more are refused with 503")
