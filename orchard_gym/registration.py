@@ -16,6 +16,7 @@ ENVS = {
     "Orchard/SWE-v0": "orchard_gym.envs.swe.env:SWEEnv",
     "Orchard/Toy-v0": "orchard_gym.envs.toy.env:ToyEnv",
     "Orchard/Claw-v0": "orchard_gym.envs.claw.env:ClawEnv",
+    "Orchard/GUI-v0": "orchard_gym.envs.gui.env:GUIEnv",
 }
 
 
