@@ -30,6 +30,8 @@ COMPONENTS = {
     "bwrap": "bubblewrap, the local backend's namespaces (scripts/setup_system.sh)",
     "docker": "Podman's Docker API and the test images (scripts/podman_service.sh, build_test_images.sh, "
               "build_injector_image.sh)",
+    "gui": "Xvfb, Chromium, xdotool, openbox, stterm, mousepad (scripts/setup_system.sh) and the miniwob package "
+           "(extra [gui])",
     "kubernetes": "the kubernetes client (extra [k8s]) and the fake cluster's Podman kubelet",
     "kubernetes-validate": "offline Kubernetes schemas (extra [dev])",
     "redis": "redis-py (extra [server]) and redis-server (scripts/setup_system.sh)",

@@ -179,7 +179,8 @@ class GUIEnv(SandboxEnv):
             where.append(f"Title: {state['title']}")
         text = f"Task: {self._instruction}\n" + "\n".join(where) + f"\n\n{result}"
         self._last_obs = text[: self.text_space.max_length]
-        return {"screenshot": self._frame, "text": self._last_obs}
+        # a copy: an action that failed shows the last frame again, and callers keep what they get
+        return {"screenshot": self._frame.copy(), "text": self._last_obs}
 
     def _can_reuse(self, task: GUITask) -> bool:
         return (self.reuse_browser and task.kind == "miniwob" and self.sandbox is not None

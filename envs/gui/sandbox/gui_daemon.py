@@ -399,18 +399,27 @@ class Daemon:
                     self.load_task_page()
                 except (cdp.CDPError, OSError, ValueError) as e:
                     reply = {"ok": False, "error": str(e)}
+            elif op == "pids":  # the programs' pids in the sandbox's PID namespace (tests, health checks)
+                reply["pids"] = {name: p.pid for name, p in self.procs.items() if p.poll() is None}
             elif op == "memory":
                 reply["pss_kib"] = sandbox_pss_kib()
             elif op == "stop":
                 self.stop()
                 return reply, b""
-            elif op not in ("shot", "state"):
+            elif op == "shot":
+                self.settle(req.get("settle", 0))
+            elif op != "state":
                 return {"ok": False, "error": f"unknown op {op!r}"}, b""
             if op in ("act", "shot", "state"):
                 try:
                     reply["state"] = self.state()
                 except (cdp.CDPError, OSError, ValueError) as e:
-                    reply["state"] = {"error": str(e), "crashes": self.crashes}
+                    time.sleep(0.5)  # a browser that is dying: let it die, then start it again
+                    self.check_health()
+                    try:
+                        reply["state"] = self.state()
+                    except (cdp.CDPError, OSError, ValueError):
+                        reply["state"] = {"error": str(e), "crashes": self.crashes}
             if self.restarts:
                 reply["restarted"], self.restarts = self.restarts, []
             frame = b""
