@@ -17,6 +17,7 @@ ENVS = {
     "Orchard/Toy-v0": "orchard_gym.envs.toy.env:ToyEnv",
     "Orchard/ToyColour-v0": "orchard_gym.envs.toy.colour:ColourEnv",
     "Orchard/Claw-v0": "orchard_gym.envs.claw.env:ClawEnv",
+    "Orchard/GUI-v0": "orchard_gym.envs.gui.env:GUIEnv",
 }
 
 

@@ -18,11 +18,12 @@ log() { echo "[setup_system] $*"; }
 # python3: Debian's interpreter, the one bundled into the agent bundle.
 # xvfb/chromium/xdotool/openbox/xterm/mousepad/pcmanfm/x11-utils/fonts: the GUI domain on the
 #   local backend (a display inside each sandbox) and the trajectory viewer's browser test.
+# stterm: the desktop tasks' terminal (xterm exits in a sandbox without CAP_SETGID when run as root).
 PACKAGES=(
   podman runc conmon netavark aardvark-dns iptables catatonit uidmap
   bubblewrap redis-server debootstrap busybox-static
   git patch curl ca-certificates openssl python3
-  xvfb chromium xdotool openbox xterm mousepad pcmanfm x11-utils xauth fonts-dejavu-core
+  xvfb chromium xdotool openbox xterm mousepad pcmanfm x11-utils xauth fonts-dejavu-core stterm
 )
 
 missing=()

@@ -32,6 +32,8 @@ COMPONENTS = {
     "docker": "Podman's Docker API and the test images (scripts/podman_service.sh, build_test_images.sh, "
               "build_injector_image.sh)",
     "harnesses": "node/npm (Debian nodejs, npm) and the harnesses' pinned packages (scripts/install_harnesses.sh)",
+    "gui": "Xvfb, Chromium, xdotool, openbox, stterm, mousepad (scripts/setup_system.sh) and the miniwob package "
+           "(extra [gui])",
     "kubernetes": "the kubernetes client (extra [k8s]) and the fake cluster's Podman kubelet",
     "kubernetes-validate": "offline Kubernetes schemas (extra [dev])",
     "redis": "redis-py (extra [server]) and redis-server (scripts/setup_system.sh)",

@@ -1,0 +1,234 @@
+"""Orchard/GUI-v0: browser and desktop use on a private X display in the sandbox.
+
+    import gymnasium as gym, orchard_gym
+    env = gym.make("Orchard/GUI-v0", backend={"type": "local"})
+    obs, info = env.reset(seed=0, options={"task_id": "miniwob/click-button"})
+    obs["screenshot"]            # (720, 1280, 3) uint8, what the display shows
+    obs["text"]                  # the instruction, the page's URL and title (or the window's), the last result
+    obs, reward, terminated, truncated, info = env.step(
+        {"name": "left_click", "arguments": {"coordinate": [0.05, 0.12]}})
+
+At reset the sandbox gets Xvfb, openbox and either a real Chromium window on a MiniWoB++
+page served on its loopback (browser tasks) or the task's desktop programs (xterm,
+mousepad, pcmanfm). Actions are the computer_use tools (tools.py); the episode ends on
+`terminate`/`answer`, when the MiniWoB page ends its episode, or on a step or wall-clock
+budget. MiniWoB's reward is the page's raw reward (WOB_RAW_REWARD_GLOBAL, without the
+time decay); a desktop task's comes from checks the host runs on the end state.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from orchard_gym.client import AsyncSandboxInstance
+from orchard_gym.errors import OrchardError
+from orchard_gym.trajectory import Trajectory
+
+from ..base import SandboxEnv
+from ..spaces import UnicodeText
+from ..tools import Tool, ToolContext
+from . import tools as gui_tools
+from .display import Display, DisplayError
+from .tasks import GUITask, load_tasks, miniwob_html
+from .verify import verify
+
+MINIWOB_STATE = ("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, done: WOB_DONE_GLOBAL, "
+                 "reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})")
+
+
+class GUIEnv(SandboxEnv):
+    """Extra kwargs: `tasks` ("builtin", "miniwob", "desktop", a folder, a file, a dict),
+    `width`/`height` of the display, `coordinates` ("normalized" or "pixels"), `settle`
+    ("frame": wait until the browser painted; seconds; 0: grab at once), `reuse_browser`
+    (a browser task after a browser task reloads the page in the same sandbox instead of
+    starting a new one), `image` (container backends: an image with the GUI stack, see
+    scripts/build_gui_image.sh), `miniwob_dir` (where the sandbox finds MiniWoB's html/)."""
+
+    env_id = "Orchard/GUI-v0"
+    metadata = {"render_modes": ["ansi", "rgb_array"]}
+
+    def __init__(self, *, tasks: Any = "builtin", width: int = 1280, height: int = 720,
+                 coordinates: str = "normalized", settle: str | float = "frame", reuse_browser: bool = True,
+                 image: str | None = None, miniwob_dir: str | None = None, max_steps: int = 30,
+                 render_mode: str | None = None, sandbox_cpu: float | None = None,
+                 sandbox_memory: str | int | None = None, **kwargs: Any):
+        if coordinates not in ("normalized", "pixels"):
+            raise gym.error.Error(f"coordinates must be 'normalized' or 'pixels', not {coordinates!r}")
+        if not (64 <= int(width) <= 7680 and 64 <= int(height) <= 4320):
+            raise gym.error.Error(f"display size {width}x{height} is out of range (64..7680 x 64..4320)")
+        if not (settle == "frame" or (isinstance(settle, (int, float)) and 0 <= settle <= 5)):
+            raise gym.error.Error(f"settle must be 'frame' or seconds in [0, 5], not {settle!r}")
+        try:
+            self._tasks = load_tasks(tasks)
+        except ValueError as e:
+            raise gym.error.Error(str(e)) from None
+        self.width, self.height = int(width), int(height)
+        self.coordinates, self.settle, self.reuse_browser = coordinates, settle, reuse_browser
+        self.image, self.miniwob_dir = image, miniwob_dir
+        self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
+        super().__init__(max_steps=max_steps, render_mode=None, **kwargs)
+        if render_mode not in (None, "ansi", "rgb_array"):
+            raise gym.error.Error(f"render_mode must be None, 'ansi' or 'rgb_array', not {render_mode!r}")
+        self.render_mode = render_mode
+        self.text_space = UnicodeText(20_000)
+        self.observation_space = spaces.Dict({
+            "screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
+            "text": self.text_space})
+        self.display: Display | None = None
+        self._frame = np.zeros((self.height, self.width, 3), np.uint8)
+        self._instruction = ""
+
+    # ------------------------------------------------------------------ hooks
+    def make_tools(self) -> list[Tool]:
+        return gui_tools.make_tools()
+
+    def task_ids(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def get_task(self, task_id: str) -> GUITask:
+        return self._tasks[task_id]
+
+    def image_for(self, task: GUITask) -> str | None:
+        return self.image
+
+    def sandbox_size(self, task: GUITask) -> dict:
+        return self._size
+
+    def _miniwob_dir(self, sandbox: AsyncSandboxInstance) -> str:
+        if self.miniwob_dir:
+            return self.miniwob_dir
+        if sandbox.record.backend == "local":
+            return str(miniwob_html())  # the host's package, visible read-only in the sandbox
+        return "/opt/orchard/miniwob/html"  # where scripts/build_gui_image.sh puts it
+
+    def _page_config(self, task: GUITask) -> dict:
+        seed = int(self.np_random.integers(0, 2**31 - 1))
+        # the env's set-up, not the policy's: seed the generator, lift the page's 10 s limit,
+        # hide the running score (it ticks every second), start the episode
+        setup = (f"Math.seedrandom({seed}); core.EPISODE_MAX_TIME = {int(task.episode_seconds * 1000)};"
+                 "var _r = document.getElementById('reward-display'); if (_r) _r.style.display = 'none';"
+                 "core.startEpisodeReal(); true")
+        return {"start_url": f"/miniwob/{task.family}.html", "page_setup": setup, "done_expr": "WOB_DONE_GLOBAL"}
+
+    async def setup(self, sandbox: AsyncSandboxInstance, task: GUITask) -> ToolContext:
+        config: dict = {"width": self.width, "height": self.height}
+        if task.kind == "miniwob":
+            config.update(mode="browser", serve_dir=self._miniwob_dir(sandbox), **self._page_config(task))
+        else:
+            base = sandbox.workdir or "/workspace"
+            for path, content in task.files.items():
+                await sandbox.upload_content(content.encode(), f"{base}/{path}",
+                                             mode=0o755 if path in task.executable else None)
+            config.update(mode="desktop", apps=task.apps)
+        self.display = await Display.start(sandbox, config)
+        return await self._context(sandbox, task)
+
+    async def _context(self, sandbox: AsyncSandboxInstance, task: GUITask) -> ToolContext:
+        head, frame = await self.display.request({"op": "shot", "settle": self.settle})
+        if not head.get("ok"):
+            raise DisplayError(head.get("error", "no first screenshot"))
+        from .display import to_rgb
+
+        self._frame = to_rgb(frame, head["width"], head["height"])
+        if task.kind == "miniwob":
+            self._instruction = await self.display.evaluate("core.getUtterance()")
+        else:
+            self._instruction = task.instruction
+        state = {"display": self.display, "size": (self.width, self.height), "coordinates": self.coordinates,
+                 "settle": self.settle, "last": head, "frame": self._frame}
+        return ToolContext(sandbox=sandbox, cwd=sandbox.workdir or "/workspace", timeout=self.exec_timeout,
+                           state=state)
+
+    def first_observation(self, task: GUITask) -> str:
+        return "The task has started. Act with the computer_use tools; end with terminate or answer."
+
+    async def grade(self, ctx: ToolContext, task: GUITask) -> tuple[float, dict]:
+        report: dict = {"status": ctx.state.get("status"), "answer": ctx.state.get("answer"),
+                        "browser_restarts": ctx.state.get("crashes", [])}
+        if task.kind == "miniwob":
+            try:
+                page = await self.display.evaluate(MINIWOB_STATE)
+            except DisplayError as e:
+                return 0.0, {**report, "error": f"the page could not be read: {e}"}
+            report.update(raw_reward=page["raw"], decayed_reward=page["reward"], page_done=page["done"],
+                          reason=page["reason"])
+            # the raw reward, as the page computed it; an episode the page never ended scores 0
+            return (float(page["raw"]) if page["done"] else 0.0), report
+        passed = await verify(ctx.sandbox, task.checks, ctx.state.get("answer"), self.display.hello["display"])
+        report["checks"] = passed
+        score = sum(c["passed"] for c in passed) / len(passed)
+        return (1.0 if score == 1.0 else 0.0), {**report, "score": score}
+
+    # ------------------------------------------------------------------ observations
+    def _observe(self, result: str) -> dict:
+        frame = self._ctx.state.get("frame") if self._ctx else None
+        if frame is not None:
+            self._frame = frame
+        state = (self._ctx.state.get("last") or {}).get("state", {}) if self._ctx else {}
+        where = []
+        if "url" in state:
+            where.append(f"URL: {state['url']}")
+            where.append(f"Tab: {state.get('tab_index')} of {state.get('tabs')}")
+        if state.get("title"):
+            where.append(f"Title: {state['title']}")
+        text = f"Task: {self._instruction}\n" + "\n".join(where) + f"\n\n{result}"
+        self._last_obs = text[: self.text_space.max_length]
+        # a copy: an action that failed shows the last frame again, and callers keep what they get
+        return {"screenshot": self._frame.copy(), "text": self._last_obs}
+
+    def _can_reuse(self, task: GUITask) -> bool:
+        return (self.reuse_browser and task.kind == "miniwob" and self.sandbox is not None
+                and self.display is not None and isinstance(self.task, GUITask) and self.task.kind == "miniwob")
+
+    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        gym.Env.reset(self, seed=seed)
+        task_id = self._choose_task(options)
+        task = self.get_task(task_id)
+        if self._can_reuse(task):
+            try:
+                await self.display.load(self._page_config(task))
+                self.task, self._done = task, False
+                self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id, sandbox_id=self.sandbox.sandbox_id)
+                self.trajectory.metadata["warm_reset"] = True
+                self._started = time.monotonic()
+                self._ctx = await self._context(self.sandbox, task)
+                obs = self._observe(self.first_observation(task))
+                return obs, self._info(tools=self.tool_schemas, sandbox_id=self.sandbox.sandbox_id)
+            except (DisplayError, OrchardError):
+                pass  # the old sandbox is unwell: start a fresh one
+        await self._release_sandbox()
+        text, info = await super().areset(seed=None, options={"task_id": task_id})
+        return self._observe(text), info
+
+    async def astep(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
+        text, reward, terminated, truncated, info = await super().astep(action)
+        if self.trajectory is not None and self._ctx is not None:
+            crashes = self._ctx.state.get("crashes")
+            if crashes:
+                self.trajectory.metadata["browser_restarts"] = list(crashes)
+        return self._observe(text), reward, terminated, truncated, info
+
+    async def _release_sandbox(self) -> None:
+        if self.display is not None:
+            self.display.close()
+            self.display = None
+        await super()._release_sandbox()
+
+    def render(self):
+        if self.render_mode == "rgb_array":
+            return self._frame
+        return super().render()
+
+    def oracle_policy(self):
+        from .oracles import GUIOraclePolicy
+
+        return GUIOraclePolicy()
+
+
+__all__ = ["GUIEnv"]

@@ -1,0 +1,111 @@
+"""Scripted oracles: they read the page (DOM geometry, texts) and act ONLY through the
+computer_use actions, at coordinates they compute, like a user who can see the page.
+They never call page functions to set an answer.
+
+Each MiniWoB oracle is an async generator over (env) yielding actions; a desktop task's
+oracle is its list of actions (data, in the task file).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+ORACLES: dict[str, Callable[..., AsyncIterator[dict]]] = {}
+
+# what a user sees of an element: its text, value, state and box (page px == screen px: kiosk)
+_ELEMS = """(() => { const out = [];
+  for (const e of document.querySelectorAll(%s)) { const r = e.getBoundingClientRect();
+    out.push({tag: e.tagName.toLowerCase(), text: (e.innerText || e.textContent || '').trim(),
+      value: e.value === undefined ? null : String(e.value), type: e.type || null, id: e.id || null,
+      cls: e.className && e.className.baseVal === undefined ? e.className : '', checked: !!e.checked,
+      x: r.x, y: r.y, w: r.width, h: r.height, visible: r.width > 0 && r.height > 0 &&
+      getComputedStyle(e).visibility !== 'hidden'}); }
+  return out; })()"""
+
+
+def oracle(name: str):
+    def register(fn):
+        ORACLES[name] = fn
+        return fn
+    return register
+
+
+class Page:
+    """What an oracle may read: elements' boxes and texts, the query. And how it acts."""
+
+    def __init__(self, env):
+        self.env = env
+
+    async def elems(self, selector: str) -> list[dict]:
+        return [e for e in await self.env.display.evaluate(_ELEMS % json.dumps(selector)) if e["visible"]]
+
+    async def query(self) -> str:
+        return await self.env.display.evaluate("document.getElementById('query').textContent")
+
+    async def read(self, expression: str) -> Any:
+        """A read-only expression on the page (texts, attributes, computed styles)."""
+        return await self.env.display.evaluate(expression)
+
+    def at(self, e: dict, fx: float = 0.5, fy: float = 0.5) -> list[float]:
+        x, y = e["x"] + e["w"] * fx, e["y"] + e["h"] * fy
+        if self.env.coordinates == "pixels":
+            return [x, y]
+        return [x / self.env.width, y / self.env.height]
+
+    def click(self, e: dict, name: str = "left_click", **kw) -> dict:
+        return {"name": name, "arguments": {"coordinate": self.at(e, **kw)}}
+
+
+def type_(text: str) -> dict:
+    return {"name": "type", "arguments": {"text": text}}
+
+
+def key(keys: str) -> dict:
+    return {"name": "key", "arguments": {"keys": keys}}
+
+
+def quoted(text: str) -> str:
+    m = re.search(r'"([^"]*)"', text)
+    if not m:
+        raise OracleError(f"no quoted text in the query {text!r}")
+    return m.group(1)
+
+
+class OracleError(RuntimeError):
+    pass
+
+
+def find(elems: list[dict], text: str, exact: bool = True) -> dict:
+    for e in elems:
+        if (e["text"] == text) if exact else (text in e["text"]):
+            return e
+    raise OracleError(f"no element with text {text!r} among {[e['text'] for e in elems][:10]}")
+
+
+class GUIOraclePolicy:
+    """`orchard eval --policy oracle`: plays the task's oracle, then terminates."""
+
+    def __init__(self, env=None):
+        self.env, self._gen, self._plan = env, None, None
+
+    def bind(self, env) -> GUIOraclePolicy:
+        return GUIOraclePolicy(env)
+
+    async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
+        task = self.env.task
+        if task.kind == "desktop":
+            done = sum(1 for m in messages if m["role"] == "assistant")
+            plan = task.oracle
+            return plan[done] if done < len(plan) else {"name": "terminate", "arguments": {"status": "success"}}
+        if self._gen is None:
+            self._gen = ORACLES[task.oracle](Page(self.env))
+        try:
+            return await self._gen.__anext__()
+        except StopAsyncIteration:
+            return {"name": "terminate", "arguments": {"status": "success"}}
+
+
+from . import oracles_miniwob  # noqa: E402,F401  (registers the MiniWoB oracles)
