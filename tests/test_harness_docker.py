@@ -166,19 +166,3 @@ def test_proxy_network_mode_refuses_what_cannot_work():
     with pytest.raises(gym.error.Error, match="network must be"):
         gym.make("Orchard/SWE-v0", harness="codex", network="everywhere")
 
-
-def test_shipped_venv_refuses_garbage(tmp_path):
-    from pydantic import ValidationError
-
-    from orchard_gym.wrappers.harness import ShippedVenv
-    from orchard_gym.wrappers.harness_install import HarnessInstallError, venv_python_version
-
-    with pytest.raises(ValidationError):
-        ShippedVenv(path="/w/venv", archive="/w/v.tar.gz", host_path="/h/venv", python="three")
-    with pytest.raises(ValidationError):
-        ShippedVenv(path="/w/venv", archive="/w/v.tar.gz", host_path="/h/venv", python="3.11", extra=1)
-    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    with pytest.raises(HarnessInstallError, match="names no python version"):
-        venv_python_version(tmp_path)
-    (tmp_path / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.7\n")
-    assert venv_python_version(tmp_path) == "3.11"

@@ -189,11 +189,15 @@ class ShippedVenv(BaseModel):
     def relink_script(self, harness: str) -> str:
         q, v, exe = shlex.quote, shlex.quote(self.path), f"python{self.python}"
         why = f"orchard: the sandbox has no {exe} to run {harness}'s venv (built with python {self.python})"
+        probe = ("import os, sys; print(os.path.realpath(getattr(sys, '_base_executable', sys.executable)) "
+                 f"if '%d.%d' % sys.version_info[:2] == '{self.python}' else '')")
         return "\n".join([
             f"mkdir -p {v} && tar -xzf {q(self.archive)} -C {v} && rm -f {q(self.archive)} || exit 96",
             'ORCHARD_PY=""',
             f'for c in "$(command -v {exe})" /usr/bin/{exe} /usr/local/bin/{exe}; do',
-            '  if [ -n "$c" ] && [ -x "$c" ]; then ORCHARD_PY="$(readlink -f "$c")"; break; fi',  # the base one
+            # the interpreter says where its base executable is (a task venv's python, a shim: not that)
+            f'  [ -n "$c" ] && [ -x "$c" ] && ORCHARD_PY="$("$c" -I -c {q(probe)} 2>/dev/null)" && '
+            '[ -n "$ORCHARD_PY" ] && break',
             "done",
             f'[ -n "$ORCHARD_PY" ] || {{ echo {q(why)} >&2; exit 95; }}',
             f'for f in {v}/bin/*; do [ -f "$f" ] && [ ! -L "$f" ] && '
