@@ -4,7 +4,8 @@ A harness is an agent program that owns its loop and calls a model API (mini-swe
 Codex CLI, Claude Code, ...). A `Harness` says, as plain data:
 
 - **install**: pip `requirements` (a cached venv on the host) and/or pinned `npm` packages
-  (a cached npm prefix on the host); local sandboxes see both read-only;
+  (a cached npm prefix on the host); local sandboxes see both read-only, docker and
+  kubernetes ones get them shipped in (`sandbox_payload`, `ShippedVenv`);
 - **config**: `files`, templates written into the harness's scratch folder before it
   starts (e.g. Codex's `config.toml`);
 - **model URL**: always `OPENAI_BASE_URL`/`OPENAI_API_BASE`; `model_url_env` names more
