@@ -24,6 +24,7 @@ require("harnesses", None if shutil.which("npm") else "npm is not installed")
 import orchard_gym  # noqa: E402,F401
 from orchard_gym._loop import LoopThread  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
+from orchard_gym.wrappers.harness import get_harness  # noqa: E402
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
 
 TASK = "semver-3.0.2"
@@ -123,6 +124,40 @@ def test_codex_in_docker_solves_fails_and_reaches_only_the_proxy(docker_proxy):
         env.close()
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(900)
+@needs("swe-images", _missing())
+@pytest.mark.parametrize("name", ["claude-code", "mini-swe-agent"])
+def test_harness_in_docker_solves_with_a_scripted_policy_and_fails_doing_nothing(docker_proxy, name):
+    """Claude Code (its native binary shipped in) and mini-swe-agent (its host venv shipped
+    in and relinked to the image's own python3.11) in a blocked docker sandbox: gold patch
+    through the harness's own shell tool -> 1.0, the finishing answer at once -> 0.0."""
+    proxy, backend, _ = docker_proxy
+    harness = get_harness(name)
+    env = gym.make("Orchard/SWE-v0", harness=name, backend=backend, proxy=proxy, network="proxy", max_seconds=600)
+    try:
+        env.reset(options={"task_id": TASK})
+        assert env.unwrapped.task_env.sandbox.record.backend == "docker"
+        gold = f"git apply <<'ORCHARD_EOF'\n{SPEC.patch}\nORCHARD_EOF\necho applied-$?"
+        obs, reward, terminated, truncated, info = env.step(harness.shell(gold))
+        assert not (terminated or truncated), info
+        assert "applied-0" in json.dumps(json.loads(obs)["messages"][-1]), obs[-2000:]  # it ran in the sandbox
+        obs, reward, terminated, truncated, info = env.step(harness.finish)
+        assert (reward, terminated, truncated) == (1.0, True, False), info
+        assert info["report"]["status"] == "RESOLVED_FULL"
+        record = env.unwrapped.record
+        assert record.status == "finished" and len(record.calls) == 2
+        for call in record.calls:  # every model call recorded with the request as sent and the answer it got
+            assert call.ok and call.request and call.response and call.message
+        obs, info = env.reset(options={"task_id": TASK})
+        obs, reward, terminated, truncated, info = env.step(harness.finish)
+        assert (reward, terminated, truncated) == (0.0, True, False) and "error" not in info, info
+        record = env.unwrapped.record
+        assert record.reward == 0.0 and len(record.calls) == 1 and record.calls[0].response
+    finally:
+        env.close()
+
+
 def test_proxy_network_mode_refuses_what_cannot_work():
     env = gym.make("Orchard/SWE-v0", harness="codex", backend={"type": "local"}, network="proxy")
     with pytest.raises(gym.error.Error, match="needs a started proxy"):
@@ -130,5 +165,4 @@ def test_proxy_network_mode_refuses_what_cannot_work():
     env.close()
     with pytest.raises(gym.error.Error, match="network must be"):
         gym.make("Orchard/SWE-v0", harness="codex", network="everywhere")
-    with pytest.raises(gym.error.Error, match="runs from a venv on the host"):
-        gym.make("Orchard/SWE-v0", harness="mini-swe-agent", network="proxy")
+

@@ -4,7 +4,8 @@ A harness is an agent program that owns its loop and calls a model API (mini-swe
 Codex CLI, Claude Code, ...). A `Harness` says, as plain data:
 
 - **install**: pip `requirements` (a cached venv on the host) and/or pinned `npm` packages
-  (a cached npm prefix on the host); local sandboxes see both read-only;
+  (a cached npm prefix on the host); local sandboxes see both read-only, docker and
+  kubernetes ones get them shipped in (`sandbox_payload`, `ShippedVenv`);
 - **config**: `files`, templates written into the harness's scratch folder before it
   starts (e.g. Codex's `config.toml`);
 - **model URL**: always `OPENAI_BASE_URL`/`OPENAI_API_BASE`; `model_url_env` names more
@@ -143,13 +144,17 @@ class Harness(BaseModel):
             out[path] = self._host_fill(template, values)
         return out
 
-    def launch_script(self, harness_dir: str, npm: str | None = None, payload: str | None = None) -> str:
-        """run.sh: unpack a shipped payload (into `npm`), export the model-URL variables, write
-        the config files (templates were uploaded to `<harness_dir>/templates/<i>`), then the command."""
+    def launch_script(self, harness_dir: str, npm: str | None = None, payload: str | None = None,
+                      venv: ShippedVenv | None = None) -> str:
+        """run.sh: unpack a shipped payload (into `npm`) and a shipped venv, export the model-URL
+        variables, write the config files (templates were uploaded to `<harness_dir>/templates/<i>`),
+        then the command."""
         q = shlex.quote
         lines = ['export ORCHARD_MODEL_ROOT="${OPENAI_BASE_URL%/v1}"']
         if payload and npm:
             lines.append(f"mkdir -p {q(npm)} && tar -xzf {q(payload)} -C {q(npm)} && rm -f {q(payload)} || exit 96")
+        if venv is not None:
+            lines.append(venv.relink_script(self.name))
         if npm:
             lines.append(f'export ORCHARD_HARNESS_NPM={q(npm)} PATH={q(npm + "/node_modules/.bin")}:"$PATH"')
         for name, template in self.model_url_env.items():
@@ -165,6 +170,44 @@ class Harness(BaseModel):
         if self.task_input == "stdin":
             command = f"{{\n{command}\n}} < \"$ORCHARD_TASK_FILE\""
         return "\n".join(lines) + "\n" + command + "\n"
+
+
+class ShippedVenv(BaseModel):
+    """A harness venv built on the host, shipped as an archive into a sandbox that cannot
+    see the host (docker, kubernetes) and made to work there. A venv is its pyvenv.cfg
+    (`home` = the base interpreter's folder), `bin/python*` links to that interpreter and
+    scripts whose `#!` names the venv's own python: unpacked at `path`, the links are
+    pointed at the sandbox's own pythonX.Y (the same X.Y: compiled wheels are per X.Y) and
+    the `#!` lines rewritten from `host_path` to `path`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    archive: str
+    host_path: str
+    python: str = Field(pattern=r"^3\.\d+$")
+
+    def relink_script(self, harness: str) -> str:
+        q, v, exe = shlex.quote, shlex.quote(self.path), f"python{self.python}"
+        why = f"orchard: the sandbox has no {exe} to run {harness}'s venv (built with python {self.python})"
+        probe = ("import os, sys; print(os.path.realpath(getattr(sys, '_base_executable', sys.executable)) "
+                 f"if '%d.%d' % sys.version_info[:2] == '{self.python}' else '')")
+        return "\n".join([
+            f"mkdir -p {v} && tar -xzf {q(self.archive)} -C {v} && rm -f {q(self.archive)} || exit 96",
+            'ORCHARD_PY=""',
+            f'for c in "$(command -v {exe})" /usr/bin/{exe} /usr/local/bin/{exe}; do',
+            # the interpreter says where its base executable is (a task venv's python, a shim: not that)
+            f'  [ -n "$c" ] && [ -x "$c" ] && ORCHARD_PY="$("$c" -I -c {q(probe)} 2>/dev/null)" && '
+            '[ -n "$ORCHARD_PY" ] && break',
+            "done",
+            f'[ -n "$ORCHARD_PY" ] || {{ echo {q(why)} >&2; exit 95; }}',
+            f'for f in {v}/bin/*; do [ -f "$f" ] && [ ! -L "$f" ] && '
+            f'sed -i "1s|^#!{self.host_path}/bin/|#!{self.path}/bin/|" "$f"; done',
+            f'ln -sfn "$ORCHARD_PY" {v}/bin/python && ln -sfn python {v}/bin/python3 && ln -sfn python {v}/bin/{exe}',
+            f"printf 'home = %s\\ninclude-system-site-packages = false\\nversion = {self.python}\\n' "
+            f'"$(dirname "$ORCHARD_PY")" > {v}/pyvenv.cfg || exit 96',
+            f"export ORCHARD_HARNESS_VENV={v}",
+        ])
 
 
 def get_harness(spec: str | dict | Harness) -> Harness:

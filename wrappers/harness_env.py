@@ -31,8 +31,9 @@ through the proxy's unix socket, via `wrappers/relay.py` inside the sandbox. Wit
 network with no route out, the host guard refusing every host port but the proxy's;
 kubernetes: a NetworkPolicy) and the harness calls the proxy over TCP at `proxy_url`
 (default: the proxy's port at the sandbox's `host_address`, the host as the sandbox sees
-it); the harness's payload (`Harness.sandbox_payload`) is shipped into the sandbox, which
-cannot see the host's file system. With `network="host"` the sandbox has the network and
+it). A sandbox that cannot see the host's file system (docker, kubernetes) gets the
+harness shipped in: its npm payload (`Harness.sandbox_payload`) and/or its whole venv,
+relinked there to the sandbox's own python (`ShippedVenv`). With `network="host"` the sandbox has the network and
 the harness calls the proxy's TCP URL (`proxy_url`, default the proxy's own), at the price
 of a sandbox that can reach anything.
 """
@@ -56,7 +57,7 @@ from orchard_gym._loop import LoopThread, run_in_thread
 from orchard_gym.errors import OrchardError
 from orchard_gym.trajectory import Trajectory, Turn
 
-from .harness import Harness, get_harness
+from .harness import Harness, ShippedVenv, get_harness
 from .openai_format import FormatError, assistant_message
 from .records import PendingCall, RolloutClosed, RolloutRecord
 
@@ -103,9 +104,6 @@ class HarnessEnv(gym.Env):
         if env_kwargs and not isinstance(env, type):
             raise gym.error.Error(f"env kwargs {sorted(env_kwargs)} given with an env instance")
         self.harness = get_harness(harness)
-        if network == "proxy" and self.harness.requirements:
-            raise gym.error.Error(f"{self.harness.name} runs from a venv on the host (pip requirements): it needs a "
-                                  f"sandbox that sees the host's file system (the local backend, network='isolated')")
         self.env_id = self.task_env.env_id
         self.max_steps, self.max_seconds = max_steps, max_seconds
         self.network, self.proxy_url, self.model = network, proxy_url, model
@@ -180,20 +178,27 @@ class HarnessEnv(gym.Env):
     async def _launch(self, sandbox, ctx, task, venv, npm=None) -> None:
         base = (sandbox.workdir or "/workspace").rstrip("/")
         hdir = f"{base}/.orchard-harness"
-        h, npm_dir, payload = self.harness, str(npm) if npm else None, None
-        if self.network == "proxy":  # the sandbox cannot see the host's installs: ship what the harness needs
-            if npm is not None:
-                from .harness_install import ensure_payload
+        h, npm_dir, payload, shipped = self.harness, str(npm) if npm else None, None, None
+        if self.network == "proxy" or sandbox.record.backend != "local":
+            # the sandbox cannot see the host's installs: ship what the harness needs
+            from .harness_install import ensure_payload, ensure_venv_payload, venv_python_version
 
+            if npm is not None:
                 if not h.sandbox_payload:
                     raise HarnessError(f"{h.name} lists no sandbox_payload to ship into a {self.network!r} sandbox")
                 archive = await run_in_thread(ensure_payload, npm, h.sandbox_payload)
                 npm_dir, payload = f"{hdir}/npm", f"{hdir}/payload.tar.gz"
                 await sandbox.upload_file(archive, payload)
+            if venv is not None:  # the whole venv, relinked to the sandbox's own python in run.sh
+                archive = await run_in_thread(ensure_venv_payload, venv)
+                shipped = ShippedVenv(path=f"{hdir}/venv", archive=f"{hdir}/venv.tar.gz", host_path=str(venv),
+                                      python=venv_python_version(venv))
+                await sandbox.upload_file(archive, shipped.archive)
+                venv = shipped.path
         await sandbox.upload_content(h.task_text(self.task_env, task), f"{hdir}/task.txt")
         for i, text in enumerate(h.rendered_files(hdir, str(venv) if venv else None, npm_dir, self.model).values()):
             await sandbox.upload_content(text, f"{hdir}/templates/{i}")
-        await sandbox.upload_content(h.launch_script(hdir, npm_dir, payload), f"{hdir}/run.sh")
+        await sandbox.upload_content(h.launch_script(hdir, npm_dir, payload, shipped), f"{hdir}/run.sh")
         env = {**ctx.env, **h.environment(hdir, str(venv) if venv else None, npm_dir, self.model),
                "ORCHARD_HARNESS": self.rollout_id, "ORCHARD_HARNESS_DIR": hdir, "ORCHARD_TASK_FILE": f"{hdir}/task.txt",
                "ORCHARD_MODEL": self.model, "OPENAI_API_KEY": self.store.get(self.rollout_id).token}

@@ -75,22 +75,44 @@ def ensure_npm(packages: list[str], root: Path | None = None, timeout: float = 9
 def ensure_payload(prefix: Path, paths: list[str]) -> Path:
     """`paths` (relative to the npm prefix) as one cached .tar.gz next to the prefix: what is
     shipped into sandboxes that cannot see the host's file system (docker, kubernetes)."""
+    key = hashlib.sha256("\n".join(paths).encode()).hexdigest()[:12]
+    return _cached_tar(prefix, paths, prefix.parent / f"{prefix.name}.payload-{key}.tar.gz")
+
+
+def ensure_venv_payload(venv: Path) -> Path:
+    """The whole venv as one cached .tar.gz next to it (symlinks kept as links): the sandbox
+    relinks it to its own interpreter of the same X.Y (see `venv_python_version` and
+    `Harness.launch_script`). Rebuilt when the venv is newer than the archive."""
+    return _cached_tar(venv, ["."], venv.parent / f"{venv.name}.venv-payload.tar.gz", newer_than=venv / ".ready")
+
+
+def venv_python_version(venv: Path) -> str:
+    """'3.11': the X.Y of the interpreter the venv was made with (its pyvenv.cfg)."""
+    for line in (venv / "pyvenv.cfg").read_text().splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() in ("version", "version_info"):
+            return ".".join(value.strip().split(".")[:2])
+    raise HarnessInstallError(f"{venv}/pyvenv.cfg names no python version")
+
+
+def _cached_tar(base: Path, paths: list[str], archive: Path, newer_than: Path | None = None) -> Path:
     import tarfile
 
-    key = hashlib.sha256("\n".join(paths).encode()).hexdigest()[:12]
-    archive = prefix.parent / f"{prefix.name}.payload-{key}.tar.gz"
-    if archive.exists():
+    def fresh() -> bool:
+        return archive.exists() and (newer_than is None or archive.stat().st_mtime >= newer_than.stat().st_mtime)
+
+    if fresh():
         return archive
-    with open(prefix.parent / f"{prefix.name}.payload.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if archive.exists():
+    with open(archive.with_name(archive.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent envs wait for one build
+        if fresh():
             return archive
         partial = archive.with_suffix(".partial")
         with tarfile.open(partial, "w:gz", compresslevel=1) as tar:
             for rel in paths:
-                source = prefix / rel
-                if not source.exists():
-                    raise HarnessInstallError(f"{rel} is not in the harness's npm prefix {prefix}")
+                source = base / rel
+                if not source.exists() and not source.is_symlink():
+                    raise HarnessInstallError(f"{rel} is not in {base}")
                 tar.add(source, arcname=rel)
         partial.rename(archive)
     return archive

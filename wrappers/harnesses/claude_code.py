@@ -18,6 +18,8 @@ HARNESS = Harness(
     command=('ANTHROPIC_API_KEY="$OPENAI_API_KEY" claude -p "$(cat "$ORCHARD_TASK_FILE")" '
              '--output-format stream-json --verbose --model "$ORCHARD_MODEL" --dangerously-skip-permissions '
              '--max-turns 100 < /dev/null'),
+    # docker/kubernetes: the native binary and the `claude` link to it (nothing else of the package is used)
+    sandbox_payload=["node_modules/@anthropic-ai/claude-code/bin/claude.exe", "node_modules/.bin/claude"],
     shell_tool="Bash", shell_argument="command",
     finish="Done.",  # a turn without tool use ends `claude -p`
     env={
