@@ -137,5 +137,5 @@ async def _relay(ws: WebSocket, channel, svc, sandbox_id: str) -> None:
         await channel.aclose()  # the agent sees its connection end: it kills what still runs
         try:
             await ws.close()
-        except (RuntimeError, OSError):
+        except (RuntimeError, OSError, WebSocketDisconnect):  # the client may have hung up first
             pass
