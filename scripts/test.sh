@@ -8,6 +8,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_system.sh          # bubblewrap, podman, redis-server, debootstrap, ...
 bash scripts/install.sh dev,server,docker,k8s,train,gui   # gui: the miniwob package (MiniWoB++ pages); train: torch (CPU), transformers, TRL for tests/test_train_grpo.py
 bash scripts/build_test_images.sh     # localhost/orchard/{bookworm,busybox}, only if missing
+bash scripts/build_gui_image.sh       # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
 bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed
 .venv/bin/python scripts/build_swe_images.py   # one image per SWE task, only if its inputs changed
 .venv/bin/python scripts/build_swebench_layout_images.py   # a built-in task in SWE-bench's image layout, only if changed

@@ -2,7 +2,7 @@
 
 Lean on purpose: one browser env (module scope, warm resets between tasks) carries
 check_env, the pixel check, the garbage actions, the crash restart and the oracle subset;
-the full oracle sweep (every built-in task), the random-policy rate, latency and the
+the docker test runs one MiniWoB task in scripts/build_gui_image.sh's image; the full oracle sweep (every built-in task), the random-policy rate, latency and the
 8-sandbox isolation run are in scripts/bench_gui.py (docs/gui.md has the figures).
 """
 
@@ -23,7 +23,7 @@ from orchard_gym.envs.gui.oracles import ORACLES
 from orchard_gym.envs.gui.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episode
 
-from components import require
+from components import needs, require
 
 
 def _missing() -> str | None:
@@ -206,3 +206,54 @@ def test_make_vec_async_shares_screenshots(root):
         assert not np.array_equal(obs["screenshot"][0], obs["screenshot"][1])
     finally:
         envs.close()
+
+
+def test_the_image_follows_the_backend():
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    task = load_tasks("miniwob")["miniwob/click-button"]
+    assert GUIEnv(backend={"type": "local"}, tasks="miniwob").image_for(task) is None
+    assert GUIEnv(backend={"type": "docker"}, tasks="miniwob").image_for(task) == DEFAULT_IMAGE
+    assert GUIEnv(backend={"type": "docker"}, tasks="miniwob", image="x/y:z").image_for(task) == "x/y:z"
+
+
+def _gui_image_why_not() -> str | None:
+    from conftest import docker_engine
+
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    gateway, why_not = docker_engine()
+    if gateway is None:
+        return why_not
+    import docker
+
+    from orchard_gym.backends.docker import default_base_url
+
+    client = docker.DockerClient(base_url=default_base_url(), timeout=10)
+    try:
+        client.api.inspect_image(DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"{DEFAULT_IMAGE} is missing (run scripts/build_gui_image.sh)"
+    finally:
+        client.close()
+    return None
+
+
+@pytest.mark.docker
+@needs("docker", _gui_image_why_not())
+def test_docker_miniwob_screenshot_and_oracle():
+    """The GUI image on the docker backend: the daemon runs on the agent bundle's Python, the
+    host reaches it through the relay (frames downloaded), the page is drawn, the oracle wins."""
+    e = gym.make("Orchard/GUI-v0", backend={"type": "docker"}, tasks="miniwob", max_steps=20)
+    env = e.unwrapped
+    try:
+        obs, info = e.reset(seed=0, options={"task_id": "miniwob/click-button"})
+        assert env.sandbox.record.backend == "docker" and not env.display.direct
+        shot = obs["screenshot"]
+        assert shot.shape == (720, 1280, 3) and shot.dtype == np.uint8
+        # MiniWoB's 160x210 task area at the top left: the instruction bar and buttons, not one colour
+        assert len(np.unique(shot[:210, :160].reshape(-1, 3), axis=0)) > 20, "the screenshot is blank"
+        trajectory = run(run_episode(env, env.oracle_policy(), "miniwob/click-button", seed=7))
+        assert trajectory.error is None and trajectory.reward == 1.0, trajectory.report
+    finally:
+        e.close()

@@ -19,6 +19,7 @@ time decay); a desktop task's comes from checks the host runs on the end state.
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -42,13 +43,17 @@ MINIWOB_STATE = ("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, done:
                  "reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})")
 
 
+# built by scripts/build_gui_image.sh (its ORCHARD_GUI_IMAGE overrides both)
+DEFAULT_IMAGE = os.environ.get("ORCHARD_GUI_IMAGE") or "localhost/orchard/gui:latest"
+
+
 class GUIEnv(SandboxEnv):
     """Extra kwargs: `tasks` ("builtin", "miniwob", "desktop", a folder, a file, a dict),
     `width`/`height` of the display, `coordinates` ("normalized" or "pixels"), `settle`
     ("frame": wait until the browser painted; seconds; 0: grab at once), `reuse_browser`
     (a browser task after a browser task reloads the page in the same sandbox instead of
-    starting a new one), `image` (container backends: an image with the GUI stack, see
-    scripts/build_gui_image.sh), `miniwob_dir` (where the sandbox finds MiniWoB's html/)."""
+    starting a new one), `image` (container backends: an image with the GUI stack; by default
+    on a docker/kubernetes `backend` the one scripts/build_gui_image.sh builds), `miniwob_dir` (where the sandbox finds MiniWoB's html/)."""
 
     env_id = "Orchard/GUI-v0"
     metadata = {"render_modes": ["ansi", "rgb_array"]}
@@ -95,7 +100,12 @@ class GUIEnv(SandboxEnv):
         return self._tasks[task_id]
 
     def image_for(self, task: GUITask) -> str | None:
-        return self.image
+        if self.image:
+            return self.image
+        backend = self._client_args["backend"]
+        kind = backend.get("type") if isinstance(backend, dict) else getattr(backend, "type", backend)
+        # container backends need the GUI stack in the image; the local backend runs the host's
+        return DEFAULT_IMAGE if kind in ("docker", "kubernetes") else None
 
     def sandbox_size(self, task: GUITask) -> dict:
         return self._size
