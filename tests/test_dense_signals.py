@@ -124,6 +124,9 @@ def test_opd_signal_is_the_reverse_kl_on_a_two_turn_episode(tiny, local_root):
                 continue
             t = hand_logprobs(teacher, ids, len(s.prompt_ids))
             p = hand_logprobs(student, ids, len(s.prompt_ids))
+            # independent of the concatenation: what the sampler saw turn by turn (KV cache, batched,
+            # left-padded) gives the same log-probs, so every action token is scored in its sampled context
+            assert max(abs(a - b) for a, b, m in zip(p, s.logprobs, mask, strict=True) if m) < 1e-4
             expected = [(a - b) if m else 0.0 for a, b, m in zip(t, p, mask, strict=True)]
             assert max(abs(x - y) for x, y in zip(signal, expected, strict=True)) < 1e-4
             assert any(abs(v) > 1e-3 for v in signal)  # two different models: a real signal
