@@ -37,5 +37,13 @@ def sft_warm_start(model, tokenizer, conversations: Sequence[list[dict]], *, ste
     dataset = Dataset.from_dict({"messages": [list(c) for c in conversations]})
     trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
     result = trainer.train()
+    # The trainer leaves an instance `forward` wrapper bound to THIS object (and gradient checkpointing
+    # on, with an input-grad hook): a copy.deepcopy of the model then runs the original's forward, so the
+    # copy's parameters get no gradients and a copy trained afterwards (GRPO, OPD) silently never learns.
+    model.__dict__.pop("forward", None)
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.gradient_checkpointing_disable()
+    if hasattr(model, "_require_grads_hook"):
+        model.disable_input_require_grads()
     model.eval()
     return result

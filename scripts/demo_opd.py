@@ -45,6 +45,7 @@ from orchard_gym.algos.grpo import (  # noqa: E402
 from orchard_gym.algos.opd import skip_grading  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.algos.warmstart import sft_warm_start  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 from orchard_gym.envs.toy.env import make_tasks, oracle_messages  # noqa: E402
 
 SYSTEM = "You act in a sandbox with the tools bash and submit. Reply with one tool call."
@@ -93,7 +94,9 @@ def main(argv=None) -> int:
                            output_dir=out / f"sft-{name}", seed=a.seed)
         m.save_pretrained(str(out / name))
         tokenizer.save_pretrained(str(out / name))
-        models[name] = m
+        # train from the saved folder, as `orchard train grpo --model DIR` does: not the object SFTTrainer
+        # left behind (gradient checkpointing switched on, an input-grad hook registered)
+        models[name] = AutoModelForCausalLM.from_pretrained(str(out / name))
         print(f"[demo] {name}: SFT {steps} steps, loss {r.training_loss:.3f}", flush=True)
 
     eval_args = AgentGRPOArgs(**base)

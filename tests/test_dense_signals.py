@@ -124,6 +124,9 @@ def test_opd_signal_is_the_reverse_kl_on_a_two_turn_episode(tiny, local_root):
                 continue
             t = hand_logprobs(teacher, ids, len(s.prompt_ids))
             p = hand_logprobs(student, ids, len(s.prompt_ids))
+            # independent of the concatenation: what the sampler saw turn by turn (KV cache, batched,
+            # left-padded) gives the same log-probs, so every action token is scored in its sampled context
+            assert max(abs(a - b) for a, b, m in zip(p, s.logprobs, mask, strict=True) if m) < 1e-4
             expected = [(a - b) if m else 0.0 for a, b, m in zip(t, p, mask, strict=True)]
             assert max(abs(x - y) for x, y in zip(signal, expected, strict=True)) < 1e-4
             assert any(abs(v) > 1e-3 for v in signal)  # two different models: a real signal
@@ -384,3 +387,21 @@ def test_local_judge_model_garbage_is_retried_then_dropped(tiny):
         LoopThread.shared().run(judge_once(judge, rubric, summarise(episode("x", 1.0, tok).trajectory, "t"), 60))
     with pytest.raises(ValueError, match="local model folder"):
         RPRScorer(RPRConfig(judge="/no/such/judge"), tok)
+
+
+def test_a_copy_of_a_warm_started_model_gets_gradients(tiny):
+    """Regression: SFTTrainer left a `forward` wrapper bound to the SFT'd object, so a deepcopy of it
+    (scripts/demo_opd.py trained one) ran the original's forward and its own parameters never got a
+    gradient: the OPD (and outcome) runs trained nothing and the KL to the teacher stayed flat."""
+    from orchard_gym.algos.warmstart import sft_warm_start
+    from orchard_gym.envs.toy.env import oracle_messages
+
+    student, _, tok, tpath = tiny
+    model = copy.deepcopy(student)
+    sft_warm_start(model, tok, [oracle_messages(t, SYSTEM) for t in TASKS.values()], steps=1, learning_rate=1e-9,
+                   batch_size=2, output_dir=str(tpath / "sft"))
+    clone = copy.deepcopy(model).train()
+    x = torch.tensor([tok("echo hi > out.txt")["input_ids"]])
+    clone(input_ids=x).logits.log_softmax(-1)[..., 1].sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in clone.parameters())
+    assert all(p.grad is None for p in model.parameters())  # the original was not the one trained
