@@ -82,10 +82,11 @@ class TeacherServer(_Served):
 
     async def completions(self, request: Request):
         self.requests += 1
+        number = self.requests  # before any await: concurrent requests must not shift which one fails
         body = await request.json()
         if body.get("model") != self.name:
             return JSONResponse({"error": {"message": f"model {body.get('model')!r} not served"}}, status_code=404)
-        if self.fail_every and self.requests % self.fail_every == 0:
+        if self.fail_every and number % self.fail_every == 0:
             return JSONResponse({"error": {"message": "injected failure"}}, status_code=500)
         prompt = body.get("prompt")
         prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
