@@ -1,7 +1,7 @@
 """Rubric-based process reward (RPR, Orchard §3.4): an LLM judge scores how an episode was done.
 
 The judge reads a deterministic summary of the trajectory (the task as the agent saw it,
-every action in full, observations clipped, the final diff if the env reports one, and
+every action in full, observations clipped, the final diff if the env reports one (`diff`, or SWE's `patch`), and
 the outcome as solved / not solved) and scores it against a rubric (YAML, weighted
 criteria; `algos/rubrics/`). Its answer must be JSON of the form
 
@@ -171,7 +171,8 @@ def summarise(trajectory, task_text: str, *, max_chars: int = 12_000, observatio
         parts = [f"## Task\n{clip(task_text, task_chars)}", "## Steps"]
         for i, turn in enumerate(trajectory.turns, 1):
             parts.append(f"### Step {i}\nACTION: {_action_text(turn)}\nOBSERVATION: {clip(turn.observation, limit)}")
-        diff = (trajectory.report or {}).get("diff") if isinstance(trajectory.report, dict) else None
+        report = trajectory.report if isinstance(trajectory.report, dict) else {}
+        diff = report.get("diff") or report.get("patch")  # the SWE grader reports the submitted diff as 'patch'
         if isinstance(diff, str) and diff:
             parts.append(f"## Final diff\n{clip(diff, max(limit * 2, 200))}")
         if show_outcome:
