@@ -1,5 +1,5 @@
-"""RPR on real episodes: one oracle episode of Orchard/SWE-v0 and of Orchard/Claw-v0 in local
-sandboxes, fed through `RPRScorer` to the scripted judge server (tests/dense_servers.py):
+"""RPR on real episodes: one oracle episode of Orchard/SWE-v0, Orchard/Claw-v0 and Orchard/GUI-v0
+in local sandboxes, fed through `RPRScorer` to the scripted judge server (tests/dense_servers.py):
 the env's rubric is picked, the judge sees every action, the SWE patch and clipped
 observations but no grader report or reward, and its score enters the reward as configured."""
 
@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 
 import pytest
 
+from components import needs  # noqa: E402
 from conftest import require_module  # noqa: E402
 
 torch = require_module("train", "torch")
@@ -23,12 +25,14 @@ from orchard_gym.algos.rpr import RPRConfig, RPRScorer, load_rubric  # noqa: E40
 from orchard_gym.algos.tiny import build_tokenizer  # noqa: E402
 from orchard_gym.envs.claw.env import ClawEnv, ClawOraclePolicy  # noqa: E402
 from orchard_gym.envs.claw.tasks import load_tasks as claw_tasks  # noqa: E402
+from orchard_gym.envs.gui.env import GUIEnv  # noqa: E402
+from orchard_gym.envs.gui.oracles import GUIOraclePolicy  # noqa: E402
 from orchard_gym.envs.rollout import run_episodes  # noqa: E402
 from orchard_gym.envs.swe.env import SWEEnv  # noqa: E402
 from orchard_gym.policies import OraclePolicy  # noqa: E402
 
 torch.set_num_threads(1)
-OBS_CHARS = 120
+OBS_CHARS = {"Orchard/SWE-v0": 120, "Orchard/Claw-v0": 120, "Orchard/GUI-v0": 12}  # GUI text lines are short
 
 
 def claw_task() -> str:
@@ -58,7 +62,19 @@ class LooksFirst:
 READ_SEMVER = {"name": "bash", "arguments": {"command": "cat src/semver/version.py"}}
 CASES = {"Orchard/SWE-v0": (lambda c: SWEEnv(client=c), LooksFirst(OraclePolicy(), READ_SEMVER), "semver-3.0.2",
                             "swe"),
-         "Orchard/Claw-v0": (lambda c: ClawEnv(client=c), ClawOraclePolicy(), claw_task(), "claw")}
+         "Orchard/Claw-v0": (lambda c: ClawEnv(client=c), ClawOraclePolicy(), claw_task(), "claw"),
+         "Orchard/GUI-v0": (lambda c: GUIEnv(client=c, tasks="miniwob"), GUIOraclePolicy(), "miniwob/enter-text",
+                            "gui")}
+
+
+def gui_missing() -> str | None:
+    for tool in ("Xvfb", "chromium", "xdotool", "openbox", "bwrap"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    return None
+
+
+ENVS = ["Orchard/SWE-v0", "Orchard/Claw-v0", pytest.param("Orchard/GUI-v0", marks=needs("gui", gui_missing()))]
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +94,20 @@ def one_episode(local_root, make_env, policy, task_id):
     return t
 
 
-@pytest.mark.parametrize("env_id", list(CASES))
+@pytest.mark.parametrize("env_id", ENVS)
 def test_rpr_on_a_real_oracle_episode(env_id, judge, local_root):
     make_env, policy, task_id, rubric = CASES[env_id]
     traj = one_episode(local_root, make_env, policy, task_id)
-    task_text = traj.turns[0].messages[1]["content"]
+    content = traj.turns[0].messages[1]["content"]  # the task as the agent saw it (GUI: text + screenshot)
+    task_text = content if isinstance(content, str) else "\n".join(p["text"] for p in content if p["type"] == "text")
     assert isinstance(task_text, str) and task_text
     tok = build_tokenizer([task_text], vocab_size=300)  # byte-level: decodes back to the task text
     sample = AgentSample(task_id=task_id, prompt_ids=tok.encode(task_text), completion_ids=[1, 2], env_mask=[1, 1],
                          logprobs=[0.0, 0.0], trajectory=traj, action_mask=[1, 1])
     out = {"env_mask": [[1, 1]], "env_reward": [traj.reward]}
     judge.requests.clear()
-    scorer = RPRScorer(RPRConfig(judge=f"{judge.url}#judge", combine="sum:0.5", observation_chars=OBS_CHARS),
-                       tok, env_id=env_id)
+    config = RPRConfig(judge=f"{judge.url}#judge", combine="sum:0.5", observation_chars=OBS_CHARS[env_id])
+    scorer = RPRScorer(config, tok, env_id=env_id)  # no rubric given: picked by env id
     try:
         stats = scorer(out, [sample], [True])
     finally:
@@ -104,8 +121,9 @@ def test_rpr_on_a_real_oracle_episode(env_id, judge, local_root):
     assert transcript.count("### Step ") == len(traj.turns) >= 2
     for turn in traj.turns:  # every action, in full
         assert json.dumps(turn.arguments or {}, ensure_ascii=False, sort_keys=True) in transcript
-    long = [t.observation for t in traj.turns if len(t.observation) > OBS_CHARS + 50]
-    assert long and "chars clipped" in transcript and not any(o in transcript for o in long)
+    long = [t.observation for t in traj.turns if len(t.observation) > OBS_CHARS[env_id] + 5]
+    assert long, [t.observation for t in traj.turns]
+    assert "chars clipped" in transcript and not any(o in transcript for o in long)
     patch = traj.report.get("patch")
     if env_id == "Orchard/SWE-v0":  # the submitted diff is shown (the SWE grader reports it as 'patch')
         assert patch and "## Final diff\ndiff --git a/src/semver/version.py" in transcript
