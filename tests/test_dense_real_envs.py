@@ -1,7 +1,8 @@
-"""RPR on real episodes: one oracle episode of Orchard/SWE-v0, Orchard/Claw-v0 and Orchard/GUI-v0
+"""Dense signals on real episodes. RPR: one oracle episode of Orchard/SWE-v0, Orchard/Claw-v0 and Orchard/GUI-v0
 in local sandboxes, fed through `RPRScorer` to the scripted judge server (tests/dense_servers.py):
 the env's rubric is picked, the judge sees every action, the SWE patch and clipped
-observations but no grader report or reward, and its score enters the reward as configured."""
+observations but no grader report or reward, and its score enters the reward as configured.
+OPD: the per-token signal on the tokens of a real Claw episode played by a tiny model."""
 
 from __future__ import annotations
 
@@ -139,3 +140,57 @@ def test_rpr_on_a_real_oracle_episode(env_id, judge, local_root):
     # the stub's score (0.5 on every criterion) enters as outcome + 0.5 * process
     assert stats["rpr/judged"] == 1 and stats["rpr/process_mean"] == pytest.approx(0.5)
     assert out["env_reward"] == [pytest.approx(1.0 + 0.5 * 0.5)]
+
+
+# ------------------------------------------------------------------ OPD on a real Claw episode's tokens
+def hand_logprobs(model, ids: list[int], start: int) -> list[float]:
+    """log p(ids[j] | ids[:j]) for j >= start, one unpadded prefix at a time."""
+    out = []
+    with torch.no_grad():
+        for j in range(start, len(ids)):
+            logits = model(torch.tensor([ids[:j]])).logits[0, -1].double()
+            out.append(float(logits[ids[j]] - torch.logsumexp(logits, -1)))
+    return out
+
+
+def test_opd_signal_on_a_real_claw_episode(local_root):
+    """A tiny student plays a real Claw task (its actions are gibberish: the env's error messages
+    are the observations); the per-token signal is log pT - log pS on its action tokens, 0.0 on
+    the env's tokens."""
+    require_module("train", "trl")
+    from orchard_gym.algos.agent_rollout import SamplingParams
+    from orchard_gym.algos.grpo import AgentGRPOArgs, AgentRolloutFunc
+    from orchard_gym.algos.opd import LocalTeacher, OPDConfig, OPDScorer
+    from orchard_gym.algos.tiny import build_model
+
+    task_id = claw_task()
+    task = claw_tasks("builtin")[task_id]
+    tok = build_tokenizer([json.dumps(task.model_dump(), default=str)] * 2, vocab_size=400)
+    student = build_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=0)
+    teacher = build_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=1)
+    args = AgentGRPOArgs(env_id="Orchard/Claw-v0", backend={"type": "local", "root": str(local_root)}, group_size=2,
+                         prompts_per_step=1, step_budget="2", max_seconds=60, system_prompt="Act.",
+                         render_tools=False, dynamic_sampling=False, seed=0,
+                         sampling=SamplingParams(max_new_tokens=10, max_completion_tokens=4000, linger=0.01))
+    rollout = AgentRolloutFunc(args, tok, task_ids=[task_id])
+    rollout._model = student
+    try:
+        out = rollout.rollout([task_id], max_steps=2)
+    finally:
+        rollout.close()
+    samples = rollout.last_slots[0].samples
+    stats = OPDScorer(OPDConfig(teacher="local"), tok, teacher=LocalTeacher(teacher, tok))(out, samples,
+                                                                                          [True] * len(samples),
+                                                                                          student)
+    assert stats["opd/dropped"] == 0 and stats["opd/scored"] == len(samples)
+    multi = [i for i, s in enumerate(samples) if s.ok and s.turns >= 2 and 0 in out["env_mask"][i]]
+    assert multi, [(s.turns, s.ok) for s in samples]
+    for i in multi:
+        s, signal, mask = samples[i], out["opd_signal"][i], out["env_mask"][i]
+        assert s.trajectory.env_id == "Orchard/Claw-v0" and len(signal) == len(mask) == len(s.completion_ids)
+        ids = s.prompt_ids + s.completion_ids
+        t, p = hand_logprobs(teacher, ids, len(s.prompt_ids)), hand_logprobs(student, ids, len(s.prompt_ids))
+        expected = [(a - b) if m else 0.0 for a, b, m in zip(t, p, mask, strict=True)]
+        assert all(v == 0.0 for v, m in zip(signal, mask, strict=True) if not m)  # the env's tokens: exactly 0
+        assert max(abs(x - y) for x, y in zip(signal, expected, strict=True)) < 1e-4
+        assert any(abs(v) > 1e-3 for v in signal)
