@@ -72,6 +72,12 @@ def gui_missing() -> str | None:
     for tool in ("Xvfb", "chromium", "xdotool", "openbox", "bwrap"):
         if shutil.which(tool) is None:
             return f"{tool} is not installed"
+    try:
+        from orchard_gym.envs.gui.tasks import miniwob_html
+
+        miniwob_html()  # the MiniWoB++ pages the task needs
+    except ValueError as e:
+        return str(e)
     return None
 
 
