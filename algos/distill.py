@@ -40,7 +40,7 @@ def distill_single_turn(student, teacher, tokenizer, prompts, *, output_dir: str
     """A ready `trl.DistillationTrainer` (call `.train()`); `student`/`teacher` are models or folders.
 
     The teacher's tokenizer (loaded from its folder, or `teacher_tokenizer`) must equal the
-    student's, else `TeacherError`."""
+    student's, else `TeacherError`. Sets `tokenizer.padding_side = "left"` (TRL needs it)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DistillationConfig, DistillationTrainer
@@ -56,7 +56,7 @@ def distill_single_turn(student, teacher, tokenizer, prompts, *, output_dir: str
             raise TeacherError(f"cannot load the teacher model {str(teacher)!r}: {e}") from None
     if teacher_tokenizer is not None:
         same_tokenizer(tokenizer, teacher_tokenizer)
-    tokenizer.padding_side = "left"  # TRL generates from left-padded prompts
+    tokenizer.padding_side = "left"
     import torch
 
     cpu = not torch.cuda.is_available()

@@ -20,7 +20,7 @@ concurrently; a sample the teacher could not score is dropped (zero loss mask, n
 never given a made-up value.
 
 Single-turn data needs none of this: TRL's own `DistillationTrainer` (beta=1: reverse KL)
-is the tool there (see docs/training.md).
+is the tool there (`algos/distill.py` builds it; docs/training.md).
 """
 
 from __future__ import annotations
