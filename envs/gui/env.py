@@ -36,7 +36,7 @@ from ..spaces import UnicodeText
 from ..tools import Tool, ToolContext
 from . import tools as gui_tools
 from .display import Display, DisplayError
-from .tasks import GUITask, load_tasks, miniwob_html
+from .tasks import GUITask, load_tasks, shared_miniwob_html
 from .verify import verify
 
 MINIWOB_STATE = ("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, done: WOB_DONE_GLOBAL, "
@@ -114,7 +114,7 @@ class GUIEnv(SandboxEnv):
         if self.miniwob_dir:
             return self.miniwob_dir
         if sandbox.record.backend == "local":
-            return str(miniwob_html())  # the host's package, visible read-only in the sandbox
+            return str(shared_miniwob_html())  # a copy in the host's cache, visible read-only in the sandbox
         return "/opt/orchard/miniwob/html"  # where scripts/build_gui_image.sh puts it
 
     def _page_config(self, task: GUITask) -> dict:

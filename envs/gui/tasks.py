@@ -17,8 +17,12 @@ says how the end state is verified (checks run from the host through the sandbox
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +67,35 @@ def miniwob_html() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("MiniWoB++ tasks need the miniwob package: pip install 'orchard-gym[gui]'")
     return Path(list(spec.submodule_search_locations)[0]) / "html"
+
+
+def shared_miniwob_html() -> Path:
+    """MiniWoB's html/ where local sandboxes can read it: a copy in the orchard cache, made once
+    per package location and version. The package itself may live under /tmp (a venv in a
+    checkout there), which is private inside every sandbox."""
+    from orchard_gym.envs.swe.venvs import cache_root
+
+    src = miniwob_html().resolve()
+    try:
+        version = importlib.metadata.version("miniwob")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    key = hashlib.sha256(f"{src}\n{version}".encode()).hexdigest()[:12]
+    dest = cache_root() / "gui" / f"miniwob-html-{key}"
+    if (dest / ".ready").exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    partial = dest.with_name(f"{dest.name}.partial-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    shutil.copytree(src, partial)
+    (partial / ".ready").touch()
+    try:
+        os.rename(partial, dest)  # atomic: a concurrent copier either wins or finds ours
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)
+        if not (dest / ".ready").exists():
+            raise
+    return dest
 
 
 def _miniwob(path: Path) -> dict[str, GUITask]:
