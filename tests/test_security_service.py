@@ -54,11 +54,12 @@ BODIES = {
     "/exec/stream": {"command": "echo pwned > pwned.txt", "timeout_seconds": 5},
     "/apply_patch": {"patch": "--- a/x\n+++ b/x\n@@ -0,0 +1 @@\n+x\n", "timeout_seconds": 5},
     "/files": {"path": "pwned.txt", "content": base64.b64encode(b"pwned").decode()},
+    "/services": {"port": 8080},
 }
 
 
 def _request(http: httpx.Client, method: str, path: str, **ids: str) -> httpx.Response:
-    url = path.format(**ids)
+    url = path.format(**{"port": "8080", **ids})
     body = next((b for suffix, b in BODIES.items() if path.endswith(suffix)), None) if method == "POST" else None
     params = {"path": "pwned.txt", "timeout": 0.2} if method == "GET" else None
     return http.request(method, url, json=body, params=params)
@@ -126,7 +127,8 @@ def test_other_keys_get_404_on_every_route_of_a_sandbox(orch, alice_box):
     for must in ("/sandboxes/{sandbox_id}", "/sandboxes/{sandbox_id}/exec", "/sandboxes/{sandbox_id}/exec/stream",
                  "/sandboxes/{sandbox_id}/files", "/sandboxes/{sandbox_id}/files/list", "/jobs/{job_id}",
                  "/jobs/{job_id}/wait", "/sandboxes/{sandbox_id}/heartbeat", "/sandboxes/{sandbox_id}/wait",
-                 "/sandboxes/{sandbox_id}/apply_patch"):
+                 "/sandboxes/{sandbox_id}/apply_patch", "/sandboxes/{sandbox_id}/services",
+                 "/sandboxes/{sandbox_id}/services/{port}"):
         assert must in routes, must
     assert ("DELETE", "/sandboxes/{sandbox_id}") in checked
 
