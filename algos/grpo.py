@@ -485,23 +485,19 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     return trainer, rollout
 
 
-def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int, learning_rate: float = 1e-6,
-          save: bool = True, **config_overrides) -> dict:
-    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, every episode in
-    OUTPUT_DIR/trajectories.jsonl (`orchard view` it), the model in OUTPUT_DIR/final. Returns the summary."""
-    from .vision import load_policy
-
+def prepare_run_dir(output_dir: str | Path, args) -> tuple[Path, Path]:
+    """OUTPUT_DIR with the run's args.json and no stale metrics: (folder, metrics path)."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        metrics.unlink()
+    metrics.unlink(missing_ok=True)
     (out / "args.json").write_text(json.dumps(args.to_json(), indent=2, default=str))
-    tokenizer, policy = load_policy(model)  # a tokenizer and a causal LM, or a processor and a VLM
-    config = make_grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
-    trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
-    rollout.trajectories_path = out / "trajectories.jsonl"
-    rollout.trajectories_path.unlink(missing_ok=True)
+    return out, metrics
+
+
+def train_and_summarise(trainer, rollout, tokenizer, out: Path, metrics: Path, *, save: bool,
+                        with_rows: bool = False) -> dict:
+    """Run `trainer`, close its rollout, save the model to OUT/final, write OUT/summary.json."""
     try:
         result = trainer.train()
     finally:
@@ -512,8 +508,25 @@ def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     summary = {"steps": result.global_step, "train_runtime": result.metrics.get("train_runtime"),
                "metrics": str(metrics), "first": rows[0] if rows else None, "last": rows[-1] if rows else None}
+    if with_rows:
+        summary["rows"] = rows
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     return summary
+
+
+def train(args: AgentGRPOArgs, model: str, output_dir: str | Path, *, steps: int, learning_rate: float = 1e-6,
+          save: bool = True, **config_overrides) -> dict:
+    """Train `model` (a path) with agent GRPO; metrics in OUTPUT_DIR/metrics.jsonl, every episode in
+    OUTPUT_DIR/trajectories.jsonl (`orchard view` it), the model in OUTPUT_DIR/final. Returns the summary."""
+    from .vision import load_policy
+
+    out, metrics = prepare_run_dir(output_dir, args)
+    tokenizer, policy = load_policy(model)  # a tokenizer and a causal LM, or a processor and a VLM
+    config = make_grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
+    trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
+    rollout.trajectories_path = out / "trajectories.jsonl"
+    rollout.trajectories_path.unlink(missing_ok=True)
+    return train_and_summarise(trainer, rollout, tokenizer, out, metrics, save=save)
 
 
 async def _evaluate(runner: EpisodeRunner, task_ids: Sequence[str], max_steps: int,

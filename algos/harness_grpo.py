@@ -41,12 +41,12 @@ import time
 import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from orchard_gym._loop import LoopThread
 
 from .agent_rollout import BatchedGenerator, ChatRenderer
-from .grpo import AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config
+from .grpo import (AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config,
+                   prepare_run_dir, train_and_summarise)
 
 log = logging.getLogger(__name__)
 
@@ -389,26 +389,9 @@ def train(args: HarnessGRPOArgs, model: str, output_dir: str | Path, *, steps: i
     """Train `model` (a path) on harness samples; metrics in OUTPUT_DIR/metrics.jsonl."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics = out / "metrics.jsonl"
-    if metrics.exists():
-        metrics.unlink()
-    (out / "args.json").write_text(json.dumps(args.to_json(), indent=2, default=str))
+    out, metrics = prepare_run_dir(output_dir, args)
     tokenizer = AutoTokenizer.from_pretrained(model)
     policy = AutoModelForCausalLM.from_pretrained(model)
     config = grpo_config(out, args, steps=steps, learning_rate=learning_rate, **config_overrides)
     trainer, rollout = build_trainer(policy, tokenizer, args, config, metrics_path=metrics)
-    try:
-        result = trainer.train()
-    finally:
-        rollout.close()
-    if save:
-        trainer.save_model(str(out / "final"))
-        tokenizer.save_pretrained(str(out / "final"))
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    summary = {"steps": result.global_step, "train_runtime": result.metrics.get("train_runtime"),
-               "metrics": str(metrics), "first": rows[0] if rows else None, "last": rows[-1] if rows else None,
-               "rows": rows}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    return summary
+    return train_and_summarise(trainer, rollout, tokenizer, out, metrics, save=save, with_rows=True)
