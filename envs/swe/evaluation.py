@@ -111,8 +111,9 @@ async def restore_protected(ctx, rules: ProtectedPaths) -> list[dict]:
     return [{"path": path, "reason": why} for _, path, why in dropped]
 
 
-async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float) -> TestRun:
-    """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test."""
+async def apply_submission(ctx, rules: ProtectedPaths, patch: bytes | None) -> TestRun:
+    """Apply `patch` (None: the tree already holds the submission) and put protected paths back.
+    A patch that does not apply comes back with `applied` False and its output."""
     run = TestRun()
     if patch:
         r = await _upload_and_run(ctx, patch, f"{GIT} apply --binary --whitespace=nowarn {{file}}")
@@ -120,6 +121,14 @@ async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeo
             run.applied, run.apply_output = False, (r.stdout + r.stderr)[-OUTPUT_TAIL:]
             return run
     run.dropped = await restore_protected(ctx, rules)
+    return run
+
+
+async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float) -> TestRun:
+    """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test."""
+    run = await apply_submission(ctx, rules, patch)
+    if not run.applied:
+        return run
     applied = await ctx.sandbox.apply_patch(task.test_patch, cwd=ctx.cwd, timeout=120)
     run.test_patch_applied = applied.success
     if not applied.success:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import shlex
 
-from .evaluation import GIT, OUTPUT_TAIL, TestRun, _upload_and_run, restore_protected
+from .evaluation import TestRun, _upload_and_run, apply_submission
 from .protected import ProtectedPaths
 
 HEREDOC = "EOF_114329324912"  # the delimiter SWE-bench's scripts use
@@ -67,13 +67,9 @@ def eval_script(task) -> str:
 
 async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float) -> TestRun:
     """Apply `patch` (None: the tree already holds it), put protected paths back, run the eval script."""
-    run = TestRun()
-    if patch:
-        r = await _upload_and_run(ctx, patch, f"{GIT} apply --binary --whitespace=nowarn {{file}}")
-        if r.exit_code != 0:
-            run.applied, run.apply_output = False, (r.stdout + r.stderr)[-OUTPUT_TAIL:]
-            return run
-    run.dropped = await restore_protected(ctx, rules)
+    run = await apply_submission(ctx, rules, patch)
+    if not run.applied:
+        return run
     # the script applies the test patch itself; whether it did shows in the log (no marker, no tests)
     run.test_patch_applied = True
     r = await _upload_and_run(ctx, eval_script(task).encode(), "/bin/bash {file} 2>&1", timeout=timeout)
