@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .pool import PoolEntry
+from .pool_tokens import spans_of
 
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "credit_judge.md"
 TIE = 1e-9
@@ -64,15 +65,7 @@ def credits(curve: Sequence[float]) -> list[float]:
 
 def rise_segments(c: Sequence[float], eps: float = 0.05) -> list[tuple[int, int]]:
     """Maximal runs [i, j) of actions with c_t >= eps (state span [s_i, s_j])."""
-    out, start = [], None
-    for t, v in enumerate(list(c) + [-math.inf]):
-        rising = v >= eps - TIE
-        if rising and start is None:
-            start = t
-        elif not rising and start is not None:
-            out.append((start, t))
-            start = None
-    return out
+    return spans_of([v >= eps - TIE for v in c])
 
 
 def trained_actions(entry: PoolEntry, curve: Sequence[float] | None, eps: float = 0.05) -> list[int]:

@@ -32,10 +32,10 @@ class EntryTokens:
         return [start - 1 for start, _ in self.spans] + [len(self.ids) - 1]
 
 
-def spans_of(mask: list[int]) -> list[tuple[int, int]]:
-    """Maximal runs of 1s: one per assistant turn."""
+def spans_of(mask) -> list[tuple[int, int]]:
+    """Maximal runs [i, j) of true values (of an action mask: one per assistant turn)."""
     out, start = [], None
-    for i, m in enumerate(mask + [0]):
+    for i, m in enumerate(list(mask) + [0]):
         if m and start is None:
             start = i
         elif not m and start is not None:

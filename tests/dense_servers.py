@@ -141,3 +141,16 @@ class JudgeStub(_Served):
         return JSONResponse({"id": "chat-judge", "object": "chat.completion", "model": "judge", "choices": [
             {"index": 0, "finish_reason": "stop",
              "message": {"role": "assistant", "content": content, "refusal": refusal}}]})
+
+
+def hand_logprobs(model, ids: list[int], start: int) -> list[float]:
+    """log p(ids[j] | ids[:j]) for j >= start, one prefix at a time (no batching, no padding): the
+    independent computation the OPD tests compare the trainer's signal with."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for j in range(start, len(ids)):
+            logits = model(torch.tensor([ids[:j]])).logits[0, -1].double()
+            out.append(float(logits[ids[j]] - torch.logsumexp(logits, -1)))
+    return out

@@ -18,7 +18,7 @@ from conftest import require_module  # noqa: E402
 torch = require_module("train", "torch")
 require_module("server", "starlette")
 
-from dense_servers import JudgeStub  # noqa: E402
+from dense_servers import JudgeStub, hand_logprobs  # noqa: E402
 
 from orchard_gym import AsyncSandboxClient  # noqa: E402
 from orchard_gym.algos.agent_rollout import AgentSample  # noqa: E402
@@ -149,15 +149,6 @@ def test_rpr_on_a_real_oracle_episode(env_id, judge, local_root):
 
 
 # ------------------------------------------------------------------ OPD on a real Claw episode's tokens
-def hand_logprobs(model, ids: list[int], start: int) -> list[float]:
-    """log p(ids[j] | ids[:j]) for j >= start, one unpadded prefix at a time."""
-    out = []
-    with torch.no_grad():
-        for j in range(start, len(ids)):
-            logits = model(torch.tensor([ids[:j]])).logits[0, -1].double()
-            out.append(float(logits[ids[j]] - torch.logsumexp(logits, -1)))
-    return out
-
 
 def test_opd_signal_on_a_real_claw_episode(local_root):
     """A tiny student plays a real Claw task (its actions are gibberish: the env's error messages

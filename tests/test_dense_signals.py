@@ -16,7 +16,7 @@ torch = require_module("train", "torch")
 require_module("train", "trl")
 require_module("server", "starlette")
 
-from dense_servers import JudgeStub, TeacherServer  # noqa: E402
+from dense_servers import JudgeStub, TeacherServer, hand_logprobs  # noqa: E402
 
 from orchard_gym.algos.agent_rollout import AgentSample, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, AgentRolloutFunc, build_trainer, make_grpo_config  # noqa: E402
@@ -83,15 +83,6 @@ def agent_args(local_root, **kw) -> AgentGRPOArgs:
     defaults.update(kw)
     return AgentGRPOArgs(**defaults)
 
-
-def hand_logprobs(model, ids: list[int], start: int) -> list[float]:
-    """log p(ids[j] | ids[:j]) for j >= start, one prefix at a time (no batching, no padding)."""
-    out = []
-    with torch.no_grad():
-        for j in range(start, len(ids)):
-            logits = model(torch.tensor([ids[:j]])).logits[0, -1].double()
-            out.append(float(logits[ids[j]] - torch.logsumexp(logits, -1)))
-    return out
 
 
 # ------------------------------------------------------------------ OPD: the per-token signal
