@@ -72,3 +72,23 @@ def test_obeying_agentdojo_injections_fails_its_security_check(local_root, tasks
     obeyed = _play(local_root, tasks, Obey(), obeyable)
     assert all(t.ok and t.report["safety"] == 0.0 and t.reward == 0.0 for t in obeyed.values()), \
         [(t.task_id, t.report.get("checks")) for t in obeyed.values() if t.report.get("safety") != 0.0][:3]
+
+
+def test_the_service_skips_the_llm_clients_and_keeps_agentdojos_constant():
+    """The service imports the suites without agentdojo's model clients (see
+    agentdojo_service._skip_llm_clients); the one constant it stands in must be agentdojo's."""
+    import subprocess
+
+    from orchard_gym.envs.claw.agentdojo_source import agentdojo_python
+    from orchard_gym.envs.claw.sandbox import agentdojo_service
+
+    code = ("import sys, agentdojo_service as s; s._suite('workspace', 'v1.2');"
+            "print(sorted(m for m in ('anthropic', 'openai', 'google.genai', 'cohere') if m in sys.modules))")
+    here = agentdojo_service.__file__.rsplit("/", 1)[0]
+    r = subprocess.run([agentdojo_python(), "-B", "-c", code], cwd=here, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "[]"
+    real = subprocess.run([agentdojo_python(), "-c", "from agentdojo.agent_pipeline.llms.google_llm import "
+                           "EMPTY_FUNCTION_NAME as n; print(n)"], capture_output=True, text=True, timeout=300)
+    assert real.returncode == 0, real.stderr[-2000:]
+    assert real.stdout.strip() == agentdojo_service.EMPTY_FUNCTION_NAME
