@@ -85,7 +85,9 @@ BACKENDS = [
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("task_id", sorted(TASKS))
 def test_gold_resolves_and_nothing_else_does(local_root, task_id, backend):
-    """Every built-in task: gold patch -> 1.0, no change -> 0.0, test patch alone -> 0.0."""
+    """Every built-in task: gold patch -> 1.0, no change -> 0.0, test patch alone -> 0.0 (the
+    last on the local backend only: grading is the same code on both, the image is what the
+    docker variant checks, and a third docker episode per task costs CI about a minute)."""
     task = TASKS[task_id]
     config = {"type": "local", "root": str(local_root)} if backend == "local" else {"type": "docker"}
 
@@ -102,16 +104,19 @@ def test_gold_resolves_and_nothing_else_does(local_root, task_id, backend):
     def apply(patch):
         return bash(f"git apply <<'EOF_PATCH'\n{patch}\nEOF_PATCH")
 
-    async def all_three():
-        return await asyncio.gather(episode([apply(task.patch), {"name": "submit"}]),
-                                    episode([{"name": "submit"}]),
-                                    episode([apply(task.test_patch), {"name": "submit"}]))
+    async def all_episodes():
+        runs = [episode([apply(task.patch), {"name": "submit"}]), episode([{"name": "submit"}])]
+        if backend == "local":
+            runs.append(episode([apply(task.test_patch), {"name": "submit"}]))
+        return await asyncio.gather(*runs)
 
-    (gold, gold_report), (none, _), (tests_only, tests_report) = asyncio.run(all_three())
+    (gold, gold_report), (none, _), *tests_only = asyncio.run(all_episodes())
     assert gold == 1.0 and gold_report["resolved"], gold_report
     assert sorted(gold_report["tests_status"]["FAIL_TO_PASS"]["success"]) == sorted(task.FAIL_TO_PASS)
     assert none == 0.0
-    assert tests_only == 0.0 and tests_report["tests_status"]["FAIL_TO_PASS"]["failure"]
+    assert len(tests_only) == (backend == "local")
+    for reward, report in tests_only:
+        assert reward == 0.0 and report["tests_status"]["FAIL_TO_PASS"]["failure"]
 
 
 @pytest.mark.parametrize(
