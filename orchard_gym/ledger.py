@@ -166,9 +166,9 @@ def format_summary(totals: dict) -> str:
              f"tokens: {totals['prompt_tokens']} prompt + {totals['completion_tokens']} completion in "
              f"{totals['model_calls']} model calls"]
     if totals.get("cost") is not None:
-        parts = [f"{name} {totals[key]:.6f}" for name, key in (("CPU", "cost_cpu"), ("tokens", "cost_tokens"))
+        parts = [f"{name} {totals[key]:.4g}" for name, key in (("CPU", "cost_cpu"), ("tokens", "cost_tokens"))
                  if totals[key] is not None]
-        lines.append(f"cost: {totals['cost']:.6f} ({', '.join(parts)}; {totals['cost'] / n:.6f}/episode)")
+        lines.append(f"cost: {totals['cost']:.4g} ({', '.join(parts)}; {totals['cost'] / n:.4g}/episode)")
     return "\n".join(lines)
 
 

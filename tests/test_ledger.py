@@ -228,7 +228,7 @@ def test_summary_sums_and_prices_exactly():
     assert totals["cpu_seconds"] == 3600.0 and totals["sandbox_seconds"] == 3660.0
     assert totals["tokens"] == 2000 and totals["memory_peak_bytes"] == 2**30 and totals["episodes"] == 3
     assert (totals["cost_cpu"], totals["cost_tokens"], totals["cost"]) == (0.5, 0.5, 1.0)
-    assert "cost: 1.000000" in format_summary(totals)
+    assert "cost: 1 (CPU 0.5, tokens 0.5; 0.3333/episode)" in format_summary(totals)
     assert summarize(ts)["cost"] is None  # unpriced: no cost at all, not 0
     stats = ledger_stats(ts, Prices(cpu_hour=0.5), informative_groups=3)
     assert stats["ledger/informative_groups_per_cost"] == 3 / 0.5
