@@ -261,3 +261,17 @@ def test_cli_refuses_garbage_prices_before_running_anything(args, message):
         result = CliRunner().invoke(main, [*command, *args])
         assert result.exit_code == 2, result.output
         assert message in result.output and "Traceback" not in result.output
+
+
+def test_remote_delete_reads_the_usage_through_the_orchestrator(remote_orchestrator):
+    from components import require_module
+
+    require_module("server", "fastapi")
+    with SandboxClient(base_url=remote_orchestrator.url, api_key=remote_orchestrator.api_key) as client:
+        box = client.create_sandbox()
+        assert box.exec(BUSY.replace(f"-ge {BUSY_TICKS}", f"-ge {BUSY_TICKS // 4}")).stdout.strip() == "spun"
+        box.delete()
+        usage = box._inner.usage
+    # the orchestrator's local backend reads the sandbox's cgroup (GET /sandboxes/{id}/resources)
+    assert usage.backend == "local" and usage.source.startswith("cgroup v"), usage
+    assert BUSY_SECONDS / 4 - 0.02 <= usage.cpu_seconds <= BUSY_SECONDS / 4 + SLACK, usage
