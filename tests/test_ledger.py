@@ -275,3 +275,17 @@ def test_remote_delete_reads_the_usage_through_the_orchestrator(remote_orchestra
     # the orchestrator's local backend reads the sandbox's cgroup (GET /sandboxes/{id}/resources)
     assert usage.backend == "local" and usage.source.startswith("cgroup v"), usage
     assert BUSY_SECONDS / 4 - 0.02 <= usage.cpu_seconds <= BUSY_SECONDS / 4 + SLACK, usage
+
+
+def test_orchard_eval_prints_and_writes_the_priced_ledger(local_root, tmp_path, monkeypatch):
+    from orchard_gym.cli import main
+
+    monkeypatch.setenv("ORCHARD_LOCAL_ROOT", str(local_root))
+    out = tmp_path / "eval.jsonl"
+    result = CliRunner().invoke(main, ["eval", "--env", "Orchard/Toy-v0", "--policy", "oracle", "-n", "2",
+                                       "--price-cpu-hour", "3600", "--out", str(out)], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    trajectories = [Trajectory.model_validate_json(line) for line in out.read_text().splitlines()]
+    totals = summarize(trajectories, Prices(cpu_hour=3600))
+    assert totals["sandboxes"] == 2 and totals["cpu_seconds"] > 0 and totals["cost"] == totals["cpu_seconds"]
+    assert format_summary(totals) in result.output  # what was printed is what the file holds
