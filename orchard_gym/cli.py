@@ -193,7 +193,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
         return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
                               backend_kwargs=_backend_kwargs(backend, api_key), model_api_key=model_api_key,
                               attempts=attempts, concurrency=concurrency, max_steps=max_steps,
-                              task_filter=task_filter, out=out)
+                              task_filter=task_filter, out=out, price=price)
     import asyncio
     from pathlib import Path
 
