@@ -38,7 +38,7 @@ from orchard_gym.ledger import (
 from orchard_gym.trajectory import Trajectory
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-BUSY_SECONDS = 1.0
+BUSY_SECONDS = 0.5
 BUSY_TICKS = int(BUSY_SECONDS * CLK_TCK)
 # spin until this shell's own CPU (utime + stime, fields 14 and 15) reaches the target: builtins only
 BUSY = ('while :; do read -r s < /proc/$$/stat; set -- ${s##*") "}; '
@@ -46,7 +46,7 @@ BUSY = ('while :; do read -r s < /proc/$$/stat; set -- ${s##*") "}; '
 HOG_MIB = 64
 HOG = f"dd if=/dev/zero of=/dev/null bs={HOG_MIB}M count=1 2>/dev/null; echo hogged"
 # CPU beyond the loop: the agent's start, the shell, dd, the accounting read (0.08-0.2 s measured here)
-SLACK = 0.5
+SLACK = 0.35
 
 
 def _run_known_load(config: dict, image: str | None = None, hog: bool = True) -> SandboxUsage:
@@ -64,7 +64,7 @@ def _run_known_load(config: dict, image: str | None = None, hog: bool = True) ->
 def _check_cpu(usage: SandboxUsage) -> None:
     assert usage.cpu_seconds is not None, usage
     assert BUSY_SECONDS - 0.02 <= usage.cpu_seconds <= BUSY_SECONDS + SLACK, usage
-    assert usage.wall_seconds >= BUSY_SECONDS - 0.02, usage  # one thread cannot spin 1 s of CPU faster
+    assert usage.wall_seconds >= BUSY_SECONDS - 0.02, usage  # one thread cannot spin that much CPU faster
 
 
 @pytest.mark.parametrize("mode", ["v1", "v2"])
@@ -269,12 +269,12 @@ def test_remote_delete_reads_the_usage_through_the_orchestrator(remote_orchestra
     require_module("server", "fastapi")
     with SandboxClient(base_url=remote_orchestrator.url, api_key=remote_orchestrator.api_key) as client:
         box = client.create_sandbox()
-        assert box.exec(BUSY.replace(f"-ge {BUSY_TICKS}", f"-ge {BUSY_TICKS // 4}")).stdout.strip() == "spun"
+        assert box.exec(BUSY.replace(f"-ge {BUSY_TICKS}", f"-ge {BUSY_TICKS // 2}")).stdout.strip() == "spun"
         box.delete()
         usage = box._inner.usage
     # the orchestrator's local backend reads the sandbox's cgroup (GET /sandboxes/{id}/resources)
     assert usage.backend == "local" and usage.source.startswith("cgroup v"), usage
-    assert BUSY_SECONDS / 4 - 0.02 <= usage.cpu_seconds <= BUSY_SECONDS / 4 + SLACK, usage
+    assert BUSY_SECONDS / 2 - 0.02 <= usage.cpu_seconds <= BUSY_SECONDS / 2 + SLACK, usage
 
 
 def test_orchard_eval_prints_and_writes_the_priced_ledger(local_root, tmp_path, monkeypatch):
