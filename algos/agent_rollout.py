@@ -32,6 +32,7 @@ from orchard_gym.client import AsyncSandboxClient
 from orchard_gym.envs.actions import ActionError, parse_action
 from orchard_gym.envs.base import SandboxEnv
 from orchard_gym.envs.rollout import SYSTEM_PROMPT, run_episode
+from orchard_gym.ledger import record_tokens
 from orchard_gym.trajectory import Trajectory
 
 
@@ -338,8 +339,9 @@ class _EpisodePolicy:
             if "submit" in self.tool_names:
                 return {"name": "submit", "arguments": {}}
             raise ContextExhausted("the episode's token budget is spent")
-        ids, logprobs, self.ended = await r.generator.generate(self.prompt_ids + self.completion_ids,
-                                                               min(r.params.max_new_tokens, room), self.images)
+        context = self.prompt_ids + self.completion_ids
+        ids, logprobs, self.ended = await r.generator.generate(context, min(r.params.max_new_tokens, room), self.images)
+        record_tokens(len(context), len(ids), source="trainer")  # the episode's ledger (orchard_gym.ledger)
         self._extend(ids, 1, logprobs)
         text = r.tokenizer.decode(ids, skip_special_tokens=True)
         return to_action(text, self.tool_names)

@@ -242,10 +242,13 @@ class SamplingStats:
     low: float = 0.25
     high: float = 0.75
     reward_std_sum: float = 0.0
+    cost: float = 0.0  # what the rollouts cost, when `add` is told (orchard_gym.ledger prices)
 
-    def add(self, outcome: GroupOutcome) -> None:
+    def add(self, outcome: GroupOutcome, cost: float | None = None) -> None:
+        """Count one prompt's outcome; `cost`: what its rollouts cost (default: one unit each)."""
         self.prompts += 1
         self.rollouts += outcome.spent
+        self.cost += outcome.spent if cost is None else cost
         self.dropped += int(outcome.dropped)
         if outcome.dropped:
             return
@@ -270,6 +273,11 @@ class SamplingStats:
         return self.rollouts / self.informative if self.informative else math.inf
 
     @property
+    def informative_groups_per_cost(self) -> float:
+        """Informative groups per unit of cost (per rollout when no costs were given)."""
+        return self.informative / self.cost if self.cost else 0.0
+
+    @property
     def balanced_share(self) -> float:
         return self.balanced / self.prompts if self.prompts else 0.0
 
@@ -286,6 +294,7 @@ class SamplingStats:
                 "rollouts_per_prompt": self.rollouts_per_prompt,
                 "rollouts_per_informative_group": self.rollouts_per_informative_group,
                 "rollouts_per_balanced_group": self.rollouts_per_balanced_group,
+                "cost": self.cost, "informative_groups_per_cost": self.informative_groups_per_cost,
                 "mean_group_reward_std": self.reward_std_sum / trained if trained else 0.0}
 
 

@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from orchard_gym._loop import LoopThread
 from orchard_gym.envs.rollout import SYSTEM_PROMPT
+from orchard_gym.ledger import LEDGER_SUMMED, ledger_stats
 
 from .agent_rollout import AgentSample, EpisodeRunner, SamplingParams
 from .bar import BARConfig, BARSampler, FixedSampler, GroupOutcome
@@ -83,12 +84,17 @@ class AgentGRPOArgs:
     seed: int = 0
     opd: Any = field(default=None, metadata={"help": "on-policy distillation (algos/opd.py OPDConfig)"})
     rpr: Any = field(default=None, metadata={"help": "rubric-based process reward (algos/rpr.py RPRConfig)"})
+    prices: Any = field(default=None, metadata={"help": "cost ledger prices (orchard_gym.ledger.Prices)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.bar, dict):
             self.bar = BARConfig(**self.bar)
         if isinstance(self.sampling, dict):
             self.sampling = SamplingParams(**self.sampling)
+        if isinstance(self.prices, dict):
+            from orchard_gym.ledger import Prices
+
+            self.prices = Prices(**self.prices)
         if self.algo not in ("grpo", "bar"):
             raise ValueError("algo is 'grpo' or 'bar'")
         if self.group_size < 2:
@@ -335,6 +341,8 @@ class AgentRolloutFunc:
             "rollout/generate_calls": gen.calls,
             "rollout/generate_seconds": gen.seconds,
             "rollout/step_budget": max_steps,
+            **ledger_stats([r.trajectory for r in rollouts], self.args.prices,
+                           sum(1 for o in attempts if o.informative and not o.dropped)),
         }
 
     def pop_stats(self) -> dict:
@@ -361,7 +369,7 @@ class AgentRolloutFunc:
 
 _SUMMED = {f"rollout/{k}" for k in ("episodes", "errors", "excluded", "groups", "informative_groups",
                                     "groups_trained", "groups_dropped", "resamples", "generated_tokens",
-                                    "context_exhausted", "seconds", "generate_calls", "generate_seconds")}
+                                    "context_exhausted", "seconds", "generate_calls", "generate_seconds")} | LEDGER_SUMMED
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

@@ -56,7 +56,7 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
-from . import host_guard, procs
+from . import engine_stats, host_guard, procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 
@@ -432,6 +432,27 @@ class DockerBackend(Backend):
                 "network": self.config.network, "reach": self.config.reach, "owner": self.owner,
                 "host_guard": self.guard, "pids_limit": self.config.pids_limit,
                 "capabilities": list(self.config.capabilities)}
+
+    async def sandbox_resources(self, sandbox_id: str) -> dict | None:
+        """The base answer plus the engine's accounting (backends/engine_stats.py)."""
+        def read():
+            attrs = self._inspect(sandbox_id)
+            if attrs is None:
+                return None
+            try:
+                stats = self.api.stats(attrs["Id"], stream=False, one_shot=True)
+            except derr.InvalidVersion:  # an engine API before 1.41: stats wait for a second sample
+                stats = self.api.stats(attrs["Id"], stream=False)
+            usage = engine_stats.usage_from_stats(stats)
+            if usage["memory_peak_bytes"] is None and self.local_engine:
+                usage["memory_peak_bytes"] = engine_stats.host_cgroup_peak((attrs.get("State") or {}).get("Pid"),
+                                                                           attrs["Id"])
+            return usage
+        usage = await self._run(read)
+        if usage is None:
+            return None
+        return {"sandbox_id": sandbox_id, "backend": self.name, "kill": "the engine's (container)",
+                "accounting": "engine stats", "usage": usage}
 
     # ------------------------------------------------------------------ delete
     async def delete(self, sandbox_id: str) -> bool:

@@ -24,6 +24,7 @@ import gymnasium as gym
 from orchard_gym._loop import LoopThread
 from orchard_gym.client import AsyncSandboxClient, AsyncSandboxInstance
 from orchard_gym.errors import AgentUnavailable, OrchardError, SandboxFailed, SandboxTimeout
+from orchard_gym.ledger import charge_sandbox
 from orchard_gym.trajectory import Trajectory, Turn
 
 from .actions import ActionError, parse_action
@@ -217,6 +218,7 @@ class SandboxEnv(gym.Env):
                 await sandbox.delete()
             except OrchardError:
                 pass  # already gone
+            charge_sandbox(self.trajectory, sandbox)  # its usage, read by delete(), into the episode's ledger
 
     async def aclose(self) -> None:
         await self._release_sandbox()

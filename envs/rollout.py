@@ -22,6 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from orchard_gym import ledger
 from orchard_gym.client import AsyncSandboxClient
 from orchard_gym.errors import InvalidRequest
 from orchard_gym.images import is_image_observation, observation_parts, observation_text
@@ -98,6 +99,15 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
     tools = info["tools"]
     if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
+    bound = ledger.bind(ledger.ledger_of(env.trajectory))  # the policy's record_tokens() land in this episode
+    try:
+        return await _turns(env, policy, messages, tools, record_messages, screenshots)
+    finally:
+        ledger.unbind(bound)
+
+
+async def _turns(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], record_messages: bool,
+                 screenshots: ScreenshotSink | None) -> Trajectory:
     done = False
     while not done:
         try:

@@ -132,6 +132,21 @@ def demo(backend) -> None:
         click.echo(f"\ndeleted {box.sandbox_id}")
 
 
+def _price_opts(f):
+    """--price-cpu-hour / --price-1k-tokens (orchard_gym/ledger.py)."""
+    f = click.option("--price-1k-tokens", type=float, default=None, help="price of 1,000 model tokens (ledger)")(f)
+    return click.option("--price-cpu-hour", type=float, default=None, help="price of a sandbox CPU-hour (ledger)")(f)
+
+
+def _prices(cpu_hour, per_1k_tokens):
+    from .ledger import prices
+
+    try:
+        return prices(cpu_hour, per_1k_tokens)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
 def _backend_kwargs(backend: str, api_key: str | None) -> dict:
     """--backend local|docker|kubernetes|URL -> env/client kwargs."""
     if backend.startswith(("http://", "https://")):
@@ -163,19 +178,22 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--value", "value_model", type=click.Path(exists=True, file_okay=False), default=None,
               help="value model (orchard value train) for --best-of")
 @click.option("--env-kwargs", default="{}", show_default=True, help="extra env kwargs as JSON")
+@_price_opts
 def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
-             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs) -> None:
+             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs, price_cpu_hour,
+             price_1k_tokens) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
     """
+    price = _prices(price_cpu_hour, price_1k_tokens)
     if harness is not None:
         from .cli_harness import eval_harnesses
 
         return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
                               backend_kwargs=_backend_kwargs(backend, api_key), model_api_key=model_api_key,
                               attempts=attempts, concurrency=concurrency, max_steps=max_steps,
-                              task_filter=task_filter, out=out)
+                              task_filter=task_filter, out=out, price=price)
     import asyncio
     from pathlib import Path
 
@@ -260,6 +278,9 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
         secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
         click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
         _echo_pass_at_k(results, attempts)
+        from .ledger import format_summary, summarize
+
+        click.echo(format_summary(summarize(results, price)))
     for t in results:
         mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
@@ -387,11 +408,13 @@ def train() -> None:
 @click.option("--rpr-judge", default=None, help="process-reward judge: URL#MODEL or a local model folder")
 @click.option("--rpr-rubric", default=None, help="rubric YAML or swe|claw|gui|generic (default: by env)")
 @click.option("--rpr-combine", default="sum:0.5", show_default=True, help="sum:LAMBDA | gated:THRESHOLD | process")
+@_price_opts
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
                task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, harness, gamma,
-               max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine) -> None:
+               max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine, price_cpu_hour,
+               price_1k_tokens) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -400,6 +423,7 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         kwargs = json.loads(env_kwargs)
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--env-kwargs") from None
+    price = _prices(price_cpu_hour, price_1k_tokens)
     try:
         from orchard_gym.algos.agent_rollout import SamplingParams
         from orchard_gym.algos.bar import BARConfig
@@ -429,7 +453,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
                                     temperature=temperature),
             system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
             render_tools=render_tools, seed=seed,
-            opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine))
+            opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine),
+            prices=price)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -438,7 +463,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     click.echo(f"\n{env_id} · {algo} · {summary['steps']} steps in {summary['train_runtime'] or 0:.1f}s")
     for key in ("rollout/success_rate", "rollout/informative_share", "rollout/rollouts_per_prompt",
                 "tokens_per_second", "rollout/episode_turns", "opd/kl", "opd/dropped_share", "rpr/process_mean",
-                "rpr/dropped_share"):
+                "rpr/dropped_share", "ledger/cpu_seconds", "ledger/tokens", "ledger/cost",
+                "ledger/informative_groups_per_cost"):
         first = (summary.get("first") or {}).get(key)
         if first is not None or last.get(key) is not None:
             click.echo(f"  {key:30} first {first if first is None else round(first, 3)!s:>8}  "

@@ -25,7 +25,8 @@ def harness_names(value: str) -> list[str]:
 
 def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backend_kwargs: dict,
                    model_api_key: str | None, episodes: int | None, attempts: int, concurrency: int,
-                   max_steps: int, task_filter: tuple, out: str | None, max_seconds: float = 900.0) -> None:
+                   max_steps: int, task_filter: tuple, out: str | None, max_seconds: float = 900.0,
+                   price=None) -> None:
     import gymnasium as gym
 
     from orchard_gym.wrappers.harness_eval import evaluate_harnesses, format_table, policy_from_spec
@@ -55,6 +56,12 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
     click.echo(f"\n{env_id} · policy {policy} · {len(ids)} tasks × {attempts} · {len(runs)} runs in "
                f"{time.monotonic() - started:.1f}s")
     click.echo(format_table(runs))
+    from orchard_gym.ledger import format_summary, summarize
+    from orchard_gym.trajectory import Trajectory
+
+    for name in names:  # each harness's cost ledger (docs/ledger.md)
+        mine = [Trajectory.model_validate(r.trajectory) for r in runs if r.harness == name and r.trajectory]
+        click.echo(f"{name} " + format_summary(summarize(mine, price)).replace("\n", f"\n{name} "))
     for r in runs:
         if r.error:
             click.echo(f"  ERROR {r.harness}/{r.task_id}: {r.error[:300]}")

@@ -45,6 +45,7 @@ class AsyncSandboxInstance:
         self._client = client
         self.record = record
         self._heartbeat: asyncio.Task | None = None
+        self.usage = None  # orchard_gym.ledger.SandboxUsage, read by delete()
 
     @property
     def sandbox_id(self) -> str:
@@ -180,7 +181,13 @@ class AsyncSandboxInstance:
             self._heartbeat = None
 
     async def delete(self) -> None:
+        """Delete the sandbox; its usage so far (CPU, peak memory, wall time) is read first into
+        `self.usage` (see orchard_gym.ledger; off with `client.account_usage = False`)."""
         self.stop_heartbeat()
+        if self._client.account_usage and self.usage is None and self.record.status != "deleted":
+            from .ledger import collect
+
+            self.usage = await collect(self)
         await self._client.delete_sandbox(self.sandbox_id)
         self.record.status = "deleted"
 
@@ -196,6 +203,8 @@ class AsyncSandboxInstance:
 
 class AsyncSandboxClient:
     """Creates and finds sandboxes on a backend in this process, or on an orchestrator."""
+
+    account_usage = True  # AsyncSandboxInstance.delete() reads the sandbox's usage first (orchard_gym.ledger)
 
     def __init__(self, backend=None, *, base_url: str | None = None, api_key: str | None = None,
                  retry: RetryPolicy | None = None, cleanup_at_exit: bool = True):

@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 
 from .errors import InvalidRequest
+from .ledger import record_usage
 
 
 class OraclePolicy:
@@ -55,7 +56,9 @@ class OpenAIPolicy:
                 "temperature": self.temperature, "max_tokens": self.max_tokens}
         resp = await self.http.post(self.url, json=body)
         resp.raise_for_status()
-        message = resp.json()["choices"][0]["message"]
+        data = resp.json()
+        record_usage(data.get("usage"))  # the running episode's ledger (orchard_gym.ledger)
+        message = data["choices"][0]["message"]
         calls = message.get("tool_calls") or []
         if calls:
             call = calls[0]

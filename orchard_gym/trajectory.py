@@ -7,6 +7,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from .ledger import Ledger
+
 
 class Turn(BaseModel):
     """One step: what the policy did and what the sandbox answered."""
@@ -43,6 +45,8 @@ class Trajectory(BaseModel):
     started_at: float = Field(default_factory=time.time)
     ended_at: float | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    ledger: Ledger | None = Field(None, description="what the episode cost: sandboxes' CPU/memory/wall time, "
+                                  "model tokens (orchard_gym.ledger); None in files from before it")
 
     @property
     def steps(self) -> int:

@@ -69,6 +69,12 @@ def test_harness_solves_the_task_through_the_proxy_with_no_network(local_root, m
         assert u.record.calls[1].messages[-1]["role"] == "tool"  # the harness's own context for call 2
         assert [s.reward for s in u.samples()] == [1.0, 1.0]
         assert u.trajectory.ok and u.trajectory.reward == 1.0 and len(u.trajectory.turns) == 2
+        # the cost ledger: tokens as the proxy recorded them, the task's sandbox and the grader's
+        ledger = u.trajectory.ledger
+        assert ledger.token_source == "proxy" and ledger.model_calls == 2
+        assert ledger.prompt_tokens == sum(c.usage["prompt_tokens"] for c in u.record.calls) > 0
+        assert ledger.completion_tokens == sum(c.usage["completion_tokens"] for c in u.record.calls) > 0
+        assert len(ledger.sandboxes) == 2 and all(s.wall_seconds > 0 for s in ledger.sandboxes)
     finally:
         env.close()
     # everything above held; the TCP-UNREACHABLE check needs bwrap's network namespace

@@ -48,6 +48,10 @@ def test_eval_compares_harnesses_on_the_same_tasks(local_root, tmp_path, policy,
         assert line["trajectory"]["task_id"] == TASK and line["reward"] == float(resolved)
         streamed = line["harness"] == "react-stream"
         assert all(c["stream"] is streamed for c in calls)
+        ledger = line["trajectory"]["ledger"]  # the cost ledger: the proxy's tokens, task + grader sandboxes
+        assert ledger["model_calls"] == len(calls) and ledger["token_source"] == "proxy"
+        assert ledger["prompt_tokens"] == sum(c["usage"]["prompt_tokens"] for c in calls)
+        assert len(ledger["sandboxes"]) == 2 and ledger["sandboxes"][0]["wall_seconds"] > 0
 
 
 def test_eval_harness_cli_rejects_bad_input():

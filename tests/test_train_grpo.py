@@ -150,6 +150,12 @@ def test_rollout_tokens_masks_and_logprobs(tiny, make_env, local_root):
             assert turn.observation in text and text.endswith("<|im_start|>assistant\n")
             assert "<|im_start|>" not in tok.decode(s.completion_ids[segs[0][1]:segs[0][2]])
     assert [s.ok for s in samples].count(False) == 2  # the 4th of each task's 4 episodes
+    for s in samples:  # the cost ledger: the trainer's own token counts, the sandbox's cgroup CPU
+        ledger = s.trajectory.ledger
+        assert ledger.token_source == "trainer" and ledger.completion_tokens == sum(s.action_mask) > 0
+        assert ledger.model_calls == len([seg for seg in segments(s.action_mask) if seg[0] == 1])
+        assert ledger.prompt_tokens >= ledger.model_calls * len(s.prompt_ids)
+        assert len(ledger.sandboxes) == 1 and ledger.sandbox_seconds > 0
     assert sorted(out["env_reward"][:4], key=str) == sorted([1.0, 0.0, 1.0, None], key=str)
     # the sampling log-probs are the model's own over exactly these tokens (no re-tokenisation drift)
     checked = 0
@@ -359,11 +365,16 @@ def test_cli_train_grpo_and_plot(tiny, local_root, tmp_path, monkeypatch):
         "--model", str(path), "--algo", "bar", "--steps", "1", "--group-size", "2", "--prompts-per-step", "1",
         "--bar-stride", "2", "--bar-max-rollouts", "4", "--bar-low", "0.5", "--bar-high", "0.5",
         "--max-new-tokens", "8", "--max-completion-tokens", "24", "--step-budget", "2", "--max-resamples", "0",
-        "--system-prompt", SYSTEM, "--no-render-tools", "--out", str(run_dir)], catch_exceptions=False)
+        "--system-prompt", SYSTEM, "--no-render-tools", "--out", str(run_dir), "--price-1k-tokens", "1"],
+        catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "rollout/rollouts_per_prompt" in result.output and (run_dir / "final" / "config.json").exists()
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 1 and rows[0]["rollout/rollouts_per_prompt"] == 4  # nothing solved: budget spent
+    # the ledger of the 4 rollouts spent, priced per 1k tokens
+    assert rows[0]["ledger/sandboxes"] == 4 and rows[0]["ledger/tokens"] > 0
+    assert rows[0]["ledger/cost"] == pytest.approx(rows[0]["ledger/tokens"] / 1000)
+    assert rows[0]["ledger/informative_groups_per_cost"] == 0.0 and rows[0]["ledger/cpu_seconds"] > 0
     assert (run_dir / "curves.png").exists()
     view = CliRunner().invoke(main, ["view", str(run_dir / "trajectories.jsonl")])  # the step's episodes
     assert view.exit_code == 0 and 'id="ep2"' in open(view.output.strip()).read(), view.output

@@ -55,6 +55,7 @@ from orchard_gym.envs.spaces import UnicodeText
 
 from orchard_gym._loop import LoopThread, run_in_thread
 from orchard_gym.errors import OrchardError
+from orchard_gym.ledger import charge_calls
 from orchard_gym.trajectory import Trajectory, Turn
 
 from .harness import Harness, ShippedVenv, get_harness
@@ -289,7 +290,8 @@ class HarnessEnv(gym.Env):
         t.reward, t.report, t.error = (0.0 if error else float(reward)), report or {}, error
         t.terminated, t.truncated, t.ended_at = terminated, truncated, time.time()
         await self._drop_harness_task()
-        await self.task_env._release_sandbox()
+        await self.task_env._release_sandbox()  # charges its sandboxes to t (see areset)
+        charge_calls(t, self._record.calls if self._record else [])  # tokens, from the proxy's records
         info = self._info(**extra)
         if error:
             info["error"] = error
@@ -351,6 +353,7 @@ class HarnessEnv(gym.Env):
         rollout = self.store.open("policy", metadata={"env_id": self.env_id, "task_id": task_id,
                                                       "harness": self.harness.name})
         self.rollout_id = self.trajectory.metadata["rollout_id"] = rollout.id
+        te.trajectory = self.trajectory  # the task env charges its sandboxes (task, grader) to this episode
         self._record = rollout.record
         try:
             te.task = task

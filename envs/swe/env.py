@@ -48,6 +48,7 @@ import gymnasium as gym
 from orchard_gym._loop import run_in_thread
 from orchard_gym.client import AsyncSandboxInstance
 from orchard_gym.errors import OrchardError
+from orchard_gym.ledger import charge_sandbox
 
 from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
@@ -262,6 +263,7 @@ class SWEEnv(SandboxEnv):
         finally:
             with contextlib.suppress(OrchardError):
                 await asyncio.shield(box.delete())
+            charge_sandbox(self.trajectory, box)  # the grader's sandbox is the episode's cost too
 
     async def _run_fresh(self, task: SWETask, patch: bytes) -> TestRun:
         async with self._fresh_sandbox(task) as gctx:

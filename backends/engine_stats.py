@@ -1,0 +1,49 @@
+"""A container's usage from its engine (Docker/Podman), for the cost ledger (orchard_gym/ledger.py).
+
+The engine's one-shot stats give cumulative CPU (`cpu_stats.cpu_usage.total_usage`, ns) and
+memory in use; Docker on cgroup v1 also gives the peak (`memory_stats.max_usage`). Podman's
+Docker-compatible stats carry no peak, so on a local engine the container's own cgroup is
+read on the host, found from its init process (`State.Pid`, /proc/PID/cgroup):
+`memory.max_usage_in_bytes` (v1) or `memory.peak` (v2, kernel 5.19+). Where that fails the
+ledger reads the container's cgroup from inside it (orchard_gym/ledger.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .cgroups import _int, _mounts, _own_paths, _read
+
+
+def usage_from_stats(stats: dict) -> dict:
+    cpu_ns = ((stats.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+    memory = stats.get("memory_stats") or {}
+    return {"cpu_seconds": cpu_ns / 1e9 if isinstance(cpu_ns, int) and cpu_ns > 0 else None,
+            "memory_peak_bytes": memory.get("max_usage") or None, "memory_bytes": memory.get("usage"),
+            "pids": (stats.get("pids_stats") or {}).get("current")}
+
+
+def host_cgroup_peak(pid: int | None, container_id: str) -> int | None:
+    """Peak memory of a container's cgroup read on this host, found from its init process
+    (`State.Pid`); None where it cannot be (another pid namespace, no such file)."""
+    if not pid:
+        return None
+    try:
+        own, mounts = _own_paths(f"/proc/{pid}/cgroup"), _mounts()
+    except (OSError, ValueError):
+        return None
+    for fstype, mount, root, opts in mounts:
+        if root != "/":  # a mount of part of a hierarchy: the process's path is not below it
+            continue
+        if fstype == "cgroup" and "memory" in opts:
+            where, name = own.get("memory"), "memory.max_usage_in_bytes"
+        elif fstype == "cgroup2":
+            where, name = own.get(""), "memory.peak"
+        else:
+            continue
+        if not where or container_id not in where:  # not this container's own cgroup: do not guess
+            continue
+        peak = _int(_read(Path(mount) / where.lstrip("/") / name))
+        if peak:
+            return peak
+    return None
