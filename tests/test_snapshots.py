@@ -1,0 +1,70 @@
+"""Snapshots (docs/snapshots.md): fork correctness per backend, and garbage input."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+
+from components import require_module
+from conftest import needs_bwrap, wait_until
+from orchard_gym import InvalidRequest, SandboxClient, SandboxFailed, SandboxNotFound, SnapshotNotFound
+from snapshot_checks import check_fork_correctness
+
+
+@needs_bwrap
+def test_local_forks_are_independent_copies(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "bwrap"}) as client:
+        check_fork_correctness(client)
+        # a sandbox cannot see the snapshot store (it lives under the root bubblewrap hides)
+        box = client.create_sandbox()
+        snap = box.snapshot()
+        assert box.exec(f"ls {local_root}/.snapshots/{snap.snapshot_id}").exit_code != 0
+        assert (local_root / ".snapshots" / snap.snapshot_id / "tree").is_dir()
+    # the client that took it is closed: its snapshots went with it
+    assert not (local_root / ".snapshots" / snap.snapshot_id).exists()
+
+
+def test_snapshot_garbage_gets_clear_errors(local_root):
+    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "none"}) as client:
+        box = client.create_sandbox()
+        box.exec("echo x > f")
+        for bad in ("../../etc", "snap-../../x", "snap-0123", "", "SNAP-0123456789abcdef", "snap-0123456789abcdeg"):
+            with pytest.raises(InvalidRequest, match="snapshot id"):
+                client.create_sandbox(from_snapshot=bad)
+            with pytest.raises(SnapshotNotFound):
+                client.delete_snapshot(bad)
+        with pytest.raises(SnapshotNotFound, match="snap-0123456789abcdef"):
+            client.create_sandbox(from_snapshot="snap-0123456789abcdef")
+        assert [r.sandbox_id for r in client.list_sandboxes()] == [box.sandbox_id]  # nothing half-made
+        with pytest.raises(SandboxNotFound):
+            client._loop.run(client._async._control.snapshot("sb-missing"))
+        with pytest.raises(SandboxNotFound):
+            client._loop.run(client._async._control.snapshot("../" + box.sandbox_id))
+        snap = box.snapshot()
+        os.kill(box.record.details["pid"]["pid"], signal.SIGKILL)  # a dead sandbox, its folder left
+        wait_until(lambda: box.refresh().status == "failed", timeout=10)
+        with pytest.raises(SandboxFailed, match="not running"):
+            box.snapshot()
+        fork = client.create_sandbox(from_snapshot=snap.snapshot_id)  # the snapshot outlives it
+        assert fork.exec("cat f").stdout == "x\n"
+
+
+def test_remote_forks_and_garbage_over_the_api(remote_orchestrator):
+    require_module("server", "fastapi")
+    with SandboxClient(base_url=remote_orchestrator.url, api_key=remote_orchestrator.api_key) as client:
+        check_fork_correctness(client)
+        with pytest.raises(InvalidRequest, match="snapshot id"):
+            client.create_sandbox(from_snapshot="../../etc")
+        with pytest.raises(SnapshotNotFound):
+            client.create_sandbox(from_snapshot="snap-0123456789abcdef")
+        with pytest.raises(SnapshotNotFound):
+            client.delete_snapshot("snap-../../x")
+        with pytest.raises(SandboxNotFound):
+            client._loop.run(client._async._control.snapshot("no-such-box"))
+    headers = {"X-API-Key": remote_orchestrator.api_key}
+    for bad in ("snap-..", "%2e%2e", "%00", "snap-0123456789ABCDEF", "x" * 300):  # past the client's checks
+        r = httpx.delete(f"{remote_orchestrator.url}/snapshots/{bad}", headers=headers)
+        assert (r.status_code, r.json()["error"]) == (404, "SnapshotNotFound"), r.text
