@@ -8,8 +8,8 @@ import signal
 import httpx
 import pytest
 
-from components import require_module
-from conftest import needs_bwrap, wait_until
+from components import needs, require_module
+from conftest import DOCKER_IMAGES, docker_engine, needs_bwrap, wait_until
 from orchard_gym import InvalidRequest, SandboxClient, SandboxFailed, SandboxNotFound, SnapshotNotFound
 from snapshot_checks import check_fork_correctness
 
@@ -68,3 +68,31 @@ def test_remote_forks_and_garbage_over_the_api(remote_orchestrator):
     for bad in ("snap-..", "%2e%2e", "%00", "snap-0123456789ABCDEF", "x" * 300):  # past the client's checks
         r = httpx.delete(f"{remote_orchestrator.url}/snapshots/{bad}", headers=headers)
         assert (r.status_code, r.json()["error"]) == (404, "SnapshotNotFound"), r.text
+
+
+_gateway, _why_no_docker = docker_engine()
+
+
+@needs("docker", _why_no_docker)
+def test_docker_forks_are_independent_containers():
+    with SandboxClient({"type": "docker"}) as client:
+        backend = client.backend
+
+        def check_image(snap, fork):
+            image = backend.api.inspect_image(f"{backend.snapshots.repo}:{snap.snapshot_id}")
+            assert image["Config"]["Labels"][backend.token_label] == ""  # the parent's agent token is not in it
+            assert snap.image == fork.record.image == DOCKER_IMAGES["busybox"]
+            with pytest.raises(InvalidRequest, match="is of image"):
+                client.create_sandbox(DOCKER_IMAGES["bookworm"], from_snapshot=snap.snapshot_id)
+
+        check_fork_correctness(client, DOCKER_IMAGES["busybox"], outside="/etc/marker", hook=check_image)
+        # deleted while fork B ran on it, the image was only untagged; now nothing uses it: swept
+        assert any(i["Config"]["Labels"].get(backend.role_label) == "snapshot"
+                   for i in map(backend.api.inspect_image, _graveyard(backend)))
+        client._loop.run(backend.sweep())
+        assert _graveyard(backend) == []
+
+
+def _graveyard(backend) -> list[str]:
+    return [t for i in backend.api.images(filters={"label": [f"{backend.owner_label}={backend.owner}"]})
+            for t in i.get("RepoTags") or [] if t.startswith(backend.snapshots.graveyard + ":")]
