@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from components import needs, require_module
-from conftest import DOCKER_IMAGES, docker_engine, needs_bwrap, wait_until
+from conftest import DOCKER_IMAGES, docker_engine, fake_k8s_unavailable, needs_bwrap, wait_until
 from orchard_gym import InvalidRequest, SandboxClient, SandboxFailed, SandboxNotFound, SnapshotNotFound
 from snapshot_checks import check_fork_correctness
 
@@ -96,3 +96,17 @@ def test_docker_forks_are_independent_containers():
 def _graveyard(backend) -> list[str]:
     return [t for i in backend.api.images(filters={"label": [f"{backend.owner_label}={backend.owner}"]})
             for t in i.get("RepoTags") or [] if t.startswith(backend.snapshots.graveyard + ":")]
+
+
+@needs("kubernetes", fake_k8s_unavailable())
+def test_kubernetes_forks_unpack_the_workdir_tarball(fake_k8s, tmp_path):
+    store = tmp_path / "k8s-snapshots"
+    with SandboxClient(fake_k8s.backend_config(snapshot_dir=str(store))) as client:
+        def check_pod(snap, fork):
+            status, pod = fake_k8s.kube("GET", fake_k8s.pod_path(fork.record.details["pod"]))
+            inits = [c["name"] for c in pod["spec"]["initContainers"]]
+            assert status == 200 and inits == ["inject-agent", "restore-snapshot"], inits
+            assert (store / f"{snap.snapshot_id}.tgz").stat().st_size == snap.size_bytes > 0
+
+        check_fork_correctness(client, DOCKER_IMAGES["busybox"], hook=check_pod)
+        assert sorted(p.name for p in store.iterdir()) == []  # deleted: tarball and record
