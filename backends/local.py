@@ -28,13 +28,14 @@ from pathlib import Path
 
 from orchard_gym.agent import AGENT_DIR
 from orchard_gym._loop import run_in_thread
-from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
+from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
 from . import procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
+from .snapshots_local import LocalSnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class LocalBackend(Backend):
         self._warned_image = False
         _compile_agent()
         self._starting: dict[str, SandboxSpec] = {}  # created here, not ready yet: what a restart needs
+        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client)
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
     def _warn_image_as_host(self, image: str) -> None:
@@ -136,6 +138,13 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        source = None
+        if spec.from_snapshot is not None:
+            try:
+                source = self.snapshots.restore(spec.from_snapshot, work)
+            except BaseException:
+                shutil.rmtree(home, ignore_errors=True)
+                raise
         token = new_token()
         isolation = "bwrap" if self.bwrap else "none"
         if not spec.block_network or isolation == "none":
@@ -159,6 +168,8 @@ class LocalBackend(Backend):
             "owner": procs.identity(os.getpid()),
             "die_with_client": self.config.die_with_client,
         }
+        if source is not None and isolation == "bwrap":  # at the snapshot's path, so absolute paths hold
+            meta["sandbox_workdir"] = source["workdir"]
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
@@ -177,7 +188,8 @@ class LocalBackend(Backend):
         work, home = meta["workdir"], Path(meta["workdir"]).parent
         argv = self._argv(meta, spec, fds)
         # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "LANG": "C.UTF-8",
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": meta.get("sandbox_workdir", work),
+               "LANG": "C.UTF-8",
                **spec.env, "ORCHARD_SANDBOX": meta["sandbox_id"]}
         try:
             with open(home / "agent.log", "wb") as logf:
@@ -247,7 +259,8 @@ class LocalBackend(Backend):
     def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
         python, prefix = _python()
         agent_py = os.path.realpath(AGENT_DIR)  # a folder, run as python3 DIR (its __main__.py)
-        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
+        inside = meta.get("sandbox_workdir", meta["workdir"])  # a fork sees its folder at its snapshot's path
+        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", inside,
                  "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
         if cgroup_fds:
             job_dir = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir)
@@ -271,7 +284,7 @@ class LocalBackend(Backend):
         for path in (prefix, agent_py):  # stay reachable even if they live under a hidden folder
             if path.startswith("/tmp/") or path.startswith(str(self.root)):
                 argv += ["--ro-bind", path, path]
-        argv += ["--bind", work, work, "--bind", run, run, "--chdir", work,
+        argv += ["--bind", work, inside, "--bind", run, run, "--chdir", inside,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", meta["sandbox_id"][:63], "--cap-drop", "ALL", "--new-session"]
         if meta["network"] == "none":
@@ -297,11 +310,12 @@ class LocalBackend(Backend):
             memory=meta.get("memory"),
             env=meta.get("env", {}),
             labels=meta.get("labels", {}),
-            workdir=meta["workdir"],
+            workdir=meta.get("sandbox_workdir", meta["workdir"]),
             created_at=meta["created_at"],
             error=error,
             endpoint=AgentEndpoint(uds=meta["socket"], token=meta["token"]),
-            details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid")},
+            details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid"),
+                     "host_workdir": meta["workdir"]},
         )
 
     def _meta(self, sandbox_id: str) -> dict | None:
@@ -395,7 +409,10 @@ class LocalBackend(Backend):
     def sweep_sync(self) -> list[str]:
         """Remove sandboxes whose creating process died (die_with_client) or whose agent died."""
         removed = []
+        removed += self.snapshots.sweep()
         for home in self.root.iterdir():
+            if home.name.startswith("."):  # the snapshot store
+                continue
             meta = self._meta(home.name)
             if meta is None:
                 # a folder without meta.json is a create that crashed midway; give it a minute
@@ -411,6 +428,25 @@ class LocalBackend(Backend):
 
     async def sweep(self) -> list[str]:
         return await run_in_thread(self.sweep_sync)
+
+    # ------------------------------------------------------------------ snapshots (snapshots_local.py)
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        if not procs.alive(meta.get("pid")):
+            raise SandboxFailed(f"sandbox {sandbox_id} is not running; cannot snapshot it")
+        cgroup = SandboxCgroup.from_meta(meta["cgroup"]) if meta.get("cgroup") else None
+        return await asyncio.to_thread(self.snapshots.take, meta, cgroup.frozen if cgroup else None)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await asyncio.to_thread(self.snapshots.list)
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return self.snapshots.get(snapshot_id)
 
     def reap(self) -> None:
         """Collect the exit status of agents this process started that died or were deleted
