@@ -16,7 +16,9 @@ the time of the submit step is the grading cost, set against the whole episode.
 (docs/pools.md), alternating cold and warm runs of --resets each, in the same run. The pool
 is full when a warm run starts (a trainer's episodes give it the time to refill); each
 reset also deletes the previous episode's sandbox, as in training, so "reset, previous
-deleted first" shows the reset alone. --pool-only skips the other measurements.
+deleted first" shows the reset alone. --pool-only skips the other measurements. The toy rows: Orchard/Toy-v0 (a `write` task,
+no files to upload: the reset is the sandbox plus the env's own work), beside SWE-v0's
+(sandbox + repository archive + git).
 """
 
 from __future__ import annotations
@@ -67,14 +69,23 @@ async def grading_costs(client, n: int) -> list[tuple[str, list[float], list[flo
     return [("grading in place", *samples[True]), ("grading in a fresh sandbox", *samples[False])]
 
 
-async def reset_times(client, n: int, release_first: bool) -> list[float]:
-    env = SWEEnv(client=client)
+def make_env(name: str, client):
+    if name == "toy":  # a task with no files: the reset is the sandbox and the env's own work
+        from orchard_gym.envs.toy.env import ToyEnv
+
+        return ToyEnv(client=client, kinds=["write"], num_tasks=1)
+    return SWEEnv(client=client)
+
+
+async def reset_times(client, n: int, release_first: bool, env_name: str = "swe") -> list[float]:
+    env = make_env(env_name, client)
+    task_id = env.task_ids()[0] if env_name == "toy" else TASK
     out = []
     for _ in range(n):
         if release_first:
             await env._release_sandbox()
         t = time.perf_counter()
-        await env.areset(options={"task_id": TASK})
+        await env.areset(options={"task_id": task_id})
         out.append(time.perf_counter() - t)
     await env.aclose()
     return out
@@ -97,7 +108,7 @@ async def pool_rows(args, config) -> list[tuple[str, list[float]]]:
     await probe._client.aclose()
     samples: dict[str, list[float]] = {}
     async with AsyncSandboxClient(config) as cold, \
-            AsyncSandboxClient(config, pool={image: {"size": args.pool, "parallel": 4}}) as warm:
+            AsyncSandboxClient(config, pool={i: {"size": args.pool, "parallel": 4} for i in {image, None}}) as warm:
         await reset_times(cold, 2, False)  # the task's venv and archive, once
         for _ in range(args.rounds):
             for label, client in (("cold", cold), ("warm", warm)):
@@ -111,6 +122,10 @@ async def pool_rows(args, config) -> list[tuple[str, list[float]]]:
                     await warm.wait_pools(600)
                 samples.setdefault(f"env.reset, previous deleted first ({label})", []).extend(
                     await reset_times(client, args.resets, True))
+                if client is warm:
+                    await warm.wait_pools(600)
+                samples.setdefault(f"toy env.reset, previous deleted first ({label})", []).extend(
+                    await reset_times(client, args.resets, True, "toy"))
         print(f"pool: {warm.pool_stats()}")
     return sorted(samples.items(), key=lambda kv: (kv[0].split(" (")[0], "warm" in kv[0]))
 
