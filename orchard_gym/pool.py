@@ -182,10 +182,17 @@ class ControlProvider:
 
     async def alive(self, record: SandboxRecord) -> bool:
         try:
-            await self.control.heartbeat(record.sandbox_id)  # an orchestrator reaps idle sandboxes
             return (await self.control.get(record.sandbox_id)).status == "running"
         except SandboxNotFound:
             return False
+
+    async def refresh(self, record: SandboxRecord) -> bool:
+        """The watcher's check: also a heartbeat, as an orchestrator reaps idle sandboxes."""
+        try:
+            await self.control.heartbeat(record.sandbox_id)
+        except SandboxNotFound:
+            return False
+        return await self.alive(record)
 
     async def delete(self, sandbox_id: str) -> None:
         try:
@@ -226,9 +233,10 @@ class WarmPool:
         self.counts["missed"] += 1
         return None
 
-    async def _alive(self, record: SandboxRecord) -> bool:
+    async def _alive(self, record: SandboxRecord, refresh: bool = False) -> bool:
+        check = getattr(self.provider, "refresh", self.provider.alive) if refresh else self.provider.alive
         try:
-            return await self.provider.alive(record)
+            return await check(record)
         except Exception as e:  # an engine hiccup: hand out nothing we are unsure of
             log.warning("pool liveness check failed", extra={"sandbox_id": record.sandbox_id, "error": str(e)})
             return False
@@ -294,7 +302,7 @@ class WarmPool:
         while not self._closed:
             await asyncio.sleep(self.check_interval)
             for sandbox_id, record in list(self._idle.items()):
-                if not await self._alive(record) and self._idle.pop(sandbox_id, None) is not None:
+                if not await self._alive(record, refresh=True) and self._idle.pop(sandbox_id, None) is not None:
                     self._replace(record)
 
     async def _delete(self, sandbox_id: str) -> None:

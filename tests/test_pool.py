@@ -150,9 +150,9 @@ def test_a_crashed_pooled_sandbox_is_replaced_and_never_handed_out(root):
             os.kill(pid, signal.SIGKILL)  # the agent (bubblewrap's or the bare one) as the backend knows it
             await _eventually(lambda: pool.stats()["replaced"] >= 1, 30)
             assert await client.wait_pools(120) and dead not in pool.idle_ids()
-            boxes = [await client.create_sandbox() for _ in range(3)]
+            boxes = [await client.create_sandbox() for _ in range(2)]
             assert dead not in {b.id for b in boxes}
-            assert [(await b.exec("echo ok")).stdout for b in boxes] == ["ok\n"] * 3
+            assert [(await b.exec("echo ok")).stdout for b in boxes] == ["ok\n"] * 2
             assert dead not in await _left_in(root)  # deleted, not just skipped
         assert await _left_in(root) == []
 
@@ -197,12 +197,12 @@ ALICE, BOB = "alice-key-" + "a" * 20, "bob-key-" + "b" * 20
 
 def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
     root = short_root("pool-srv")
-    orch = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, api_keys=f"{ALICE},{BOB}", pools="host=2")
+    orch = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, api_keys=f"{ALICE},{BOB}", pools="host=1")
     try:
         alice = httpx.Client(base_url=orch.url, headers={"X-API-Key": ALICE}, timeout=30)
         bob = httpx.Client(base_url=orch.url, headers={"X-API-Key": BOB}, timeout=30)
         pools = lambda: alice.get("/resources").json()["pools"][0]  # noqa: E731
-        wait_until(lambda: pools()["ready"] == 2, 60)
+        wait_until(lambda: pools()["ready"] == 1, 60)
         idle = set(asyncio.run(_left_in(root)))
         assert alice.get("/sandboxes").json() == [] and bob.get("/sandboxes").json() == []  # idle: nobody's
         r = alice.post("/sandboxes", params={"wait": "true"}, json={})
@@ -218,7 +218,10 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
         assert bob.get("/sandboxes").json() == []
         labelled = alice.post("/sandboxes", json={"labels": {"team": "a"}}).json()["sandbox_id"]  # never pooled
         assert labelled not in idle and pools()["claimed"] == 1
-        wait_until(lambda: pools()["ready"] == 2, 60)
+        wait_until(lambda: pools()["ready"] == 1, 60)
+        refilled = set(asyncio.run(_left_in(root))) - {sid, labelled}
+        assert len(refilled) == 1  # the refill: idle, so listed to nobody
+        assert {s["sandbox_id"] for s in alice.get("/sandboxes").json()} == {sid, labelled}
         orch.stop()  # drains the idle ones; claimed ones live on like any other sandbox
         assert set(asyncio.run(_left_in(root))) == {sid, labelled}
         alice.close()
@@ -227,3 +230,29 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
         orch.stop()
         remove_all_sandboxes(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- docker
+def test_docker_stopped_pooled_container_is_never_handed_out():
+    from conftest import DOCKER_IMAGES, docker_engine, require
+
+    require("docker", docker_engine()[1])
+    image = DOCKER_IMAGES["busybox"]
+    client = SandboxClient({"type": "docker"}, pool={image: 1})
+    backend = client.backend
+    try:
+        assert client.wait_pools(300), client.pool_stats()
+        pool = next(iter(client._async._pools.pools.values()))
+        dead = pool.idle_ids()[0]
+        backend.api.stop(backend._name(dead), timeout=0)  # the container dies while idle
+        claimed = client._loop.run(pool.claim())  # the pool's only sandbox is dead: nothing to hand out
+        assert claimed is None and client.pool_stats()[0]["replaced"] == 1, client.pool_stats()
+        ids = [dead]
+    finally:  # waits for the replacement in flight, then deletes it
+        client.close()
+    import docker
+
+    api = docker.from_env().api
+    assert api.containers(all=True, filters={"name": [backend._name(i) for i in ids]}) == []  # the dead one, the refill
+    assert [v for v in api.volumes().get("Volumes") or [] if v["Name"] in {backend._name(i) for i in ids}] == []
+    api.close()
