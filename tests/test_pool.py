@@ -250,9 +250,8 @@ def test_docker_stopped_pooled_container_is_never_handed_out():
         ids = [dead]
     finally:  # waits for the replacement in flight, then deletes it
         client.close()
-    import docker
-
-    api = docker.from_env().api
+    fresh = parse_backend_config({"type": "docker"}).get_backend()  # the client's is closed
+    api = fresh.api
     assert api.containers(all=True, filters={"name": [backend._name(i) for i in ids]}) == []  # the dead one, the refill
     assert [v for v in api.volumes().get("Volumes") or [] if v["Name"] in {backend._name(i) for i in ids}] == []
-    api.close()
+    asyncio.run(fresh.aclose())
