@@ -23,8 +23,7 @@ import gymnasium as gym
 
 from orchard_gym._loop import LoopThread
 from orchard_gym.client import AsyncSandboxClient, AsyncSandboxInstance
-from orchard_gym.errors import AgentUnavailable, InvalidRequest, OrchardError, SandboxFailed, SandboxTimeout
-from orchard_gym.pool import parse_pools
+from orchard_gym.errors import AgentUnavailable, OrchardError, SandboxFailed, SandboxTimeout
 from orchard_gym.trajectory import Trajectory, Turn
 
 from .actions import ActionError, parse_action
@@ -56,9 +55,11 @@ class SandboxEnv(gym.Env):
         if pool is not None:  # warm pools of the client this env makes (orchard_gym.pool)
             if client is not None:
                 raise gym.error.Error("pool= configures the client the env makes; give it to your client instead")
+            from orchard_gym.pool import parse_pools
+
             try:
                 parse_pools(pool)
-            except InvalidRequest as e:
+            except ValueError as e:  # InvalidRequest: a bad pool spec, said before anything starts
                 raise gym.error.Error(str(e)) from None
         self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key, "pool": pool}
         self._client, self._owns_client = client, client is None
