@@ -43,7 +43,7 @@ class SandboxEnv(gym.Env):
     def __init__(self, *, backend: Any = None, base_url: str | None = None, api_key: str | None = None,
                  client: AsyncSandboxClient | None = None, max_steps: int = 50, max_seconds: float | None = None,
                  exec_timeout: float = 180.0, render_mode: str | None = None,
-                 observation_max_length: int = 100_000, track_fingerprint: bool = True):
+                 observation_max_length: int = 100_000, track_fingerprint: bool = True, pool: Any = None):
         if render_mode not in (None, "ansi"):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
@@ -53,7 +53,16 @@ class SandboxEnv(gym.Env):
         self.track_fingerprint = track_fingerprint
         self.observation_space = UnicodeText(observation_max_length)
         self.action_space = AgentAction(1_000_000)
-        self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key}
+        if pool is not None:  # warm pools of the client this env makes (orchard_gym.pool)
+            if client is not None:
+                raise gym.error.Error("pool= configures the client the env makes; give it to your client instead")
+            from orchard_gym.pool import parse_pools
+
+            try:
+                parse_pools(pool)
+            except ValueError as e:  # InvalidRequest: a bad pool spec, said before anything starts
+                raise gym.error.Error(str(e)) from None
+        self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key, "pool": pool}
         self._client, self._owns_client = client, client is None
         self.tools: dict[str, Tool] = {t.name: t for t in self.make_tools()}
         self.sandbox: AsyncSandboxInstance | None = None

@@ -310,12 +310,15 @@ def _echo_pass_at_k(results, k: int) -> None:
 @click.option("--backend", type=click.Choice(["local", "docker", "kubernetes"]), default=None,
               help="backend type [default: $ORCHARD_BACKEND or local]")
 @click.option("--redis-url", default=None, help="share state with other replicas [default: $ORCHARD_REDIS_URL]")
-def serve_cmd(host, port, backend, redis_url) -> None:
+@click.option("--pool", "pools", multiple=True, metavar="IMAGE=N[,cpu=..,memory=..]",
+              help="keep N ready sandboxes of IMAGE (repeatable; docs/pools.md) [default: $ORCHARD_POOLS]")
+def serve_cmd(host, port, backend, redis_url, pools) -> None:
     """Run the orchestrator: the REST API over a backend (settings: ORCHARD_* env vars,
     see docs/orchestrator.md). Needs the server extra (pip install 'orchard-gym[server]')."""
     from .service.settings import ServiceSettings
 
-    overrides = {k: v for k, v in {"backend": backend, "redis_url": redis_url}.items() if v is not None}
+    overrides = {k: v for k, v in {"backend": backend, "redis_url": redis_url, "pools": list(pools) or None}.items()
+                 if v is not None}
     try:
         from .service.app import serve
     except ImportError as e:

@@ -28,6 +28,7 @@ from ._loop import LoopThread
 from .control import InProcessControl, SandboxControl
 from .errors import InvalidRequest, SandboxNotFound, SnapshotNotFound
 from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
+from .pool import ControlProvider, PoolSet, parse_pools
 from .retry import RetryPolicy
 from .terminal import AsyncPtyProcess, PtyProcess, init_frame
 
@@ -215,7 +216,8 @@ class AsyncSandboxClient:
     account_usage = True  # AsyncSandboxInstance.delete() reads the sandbox's usage first (orchard_gym.ledger)
 
     def __init__(self, backend=None, *, base_url: str | None = None, api_key: str | None = None,
-                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True):
+                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True, pool=None):
+        """`pool`: warm pools, e.g. {"localhost/orchard/bookworm": 8} (see orchard_gym.pool)."""
         if backend is not None and base_url is not None:
             raise InvalidRequest("give either a backend or base_url, not both")
         if backend is None and base_url is None:
@@ -223,7 +225,11 @@ class AsyncSandboxClient:
             api_key = api_key or os.environ.get("ORCHARD_API_KEY")
         self._backend_spec, self._base_url, self._api_key = backend, base_url, api_key
         self.retry = retry or RetryPolicy()
+        specs = parse_pools(pool)  # bad pool specs fail here, before anything starts
         self._control = self._make_control()
+        self._pools = PoolSet(specs, ControlProvider(self._control))
+        if specs and _loop_running():
+            self._pools.start()  # else at the first create_sandbox/wait_pools
         self._owned: dict[str, AsyncSandboxInstance] = {}
         self._snapshots: set[str] = set()  # taken through this client: deleted when it closes
         self._closed = False
@@ -263,10 +269,20 @@ class AsyncSandboxClient:
         spec = _validated(SandboxSpec, image=image, block_network=block_network, sandbox_id=sandbox_id,
                           cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {},
                           from_snapshot=from_snapshot)
-        record = await self._control.create(spec, wait_ready, timeout)
+        record = await self._pools.claim(spec) if self._pools else None
+        if record is None:  # no pool of this spec, or none ready
+            record = await self._control.create(spec, wait_ready, timeout)
         instance = AsyncSandboxInstance(self, record)
         self._owned[record.sandbox_id] = instance
         return instance
+
+    async def wait_pools(self, timeout: float = DEFAULT_READY_TIMEOUT) -> bool:
+        """Start the warm pools and wait until each is full; False on timeout."""
+        return await self._pools.wait_full(timeout)
+
+    def pool_stats(self) -> list[dict]:
+        """Per pool: size, ready, creating, created, claimed, missed, replaced, failed_creates."""
+        return self._pools.stats()
 
     async def get_sandbox(self, sandbox_id: str) -> AsyncSandboxInstance:
         record = await self._control.get(sandbox_id)
@@ -308,6 +324,7 @@ class AsyncSandboxClient:
             return
         self._closed = True
         try:
+            await self._pools.aclose()
             await self.cleanup_all()
             await self._delete_own_snapshots(self._control)
         finally:
@@ -322,9 +339,9 @@ class AsyncSandboxClient:
 
     def _cleanup_at_exit(self) -> None:
         """Runs at interpreter exit: the user's loop may be gone, so use a fresh control."""
-        if self._closed or not (self._owned or self._snapshots):
+        ids = list(self._owned) + self._pools.idle_ids()
+        if self._closed or not (ids or self._snapshots):
             return
-        ids = list(self._owned)
 
         async def run():
             control = self._make_control()
@@ -336,6 +353,14 @@ class AsyncSandboxClient:
 
         asyncio.run(run())
         self._owned.clear()
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
 
 
 def _exec_request(command, timeout, cwd, env, stdin, login_shell, job_id=None) -> ExecRequest:
@@ -459,12 +484,13 @@ class SandboxClient:
     """The synchronous twin of AsyncSandboxClient (same arguments)."""
 
     def __init__(self, backend=None, *, base_url: str | None = None, api_key: str | None = None,
-                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True):
+                 retry: RetryPolicy | None = None, cleanup_at_exit: bool = True, pool=None):
         self._loop = LoopThread.shared()
+        parse_pools(pool)  # a bad pool spec raises here, in the caller's thread
 
         async def make():
             return AsyncSandboxClient(backend, base_url=base_url, api_key=api_key, retry=retry,
-                                      cleanup_at_exit=False)
+                                      cleanup_at_exit=False, pool=pool)
 
         self._async = self._loop.run(make())
         self._closed = False
@@ -484,6 +510,12 @@ class SandboxClient:
                        labels=None, from_snapshot: str | None = None) -> SandboxInstance:
         return self._wrap(self._loop.run(self._async.create_sandbox(
             image, block_network, sandbox_id, cpu, memory, timeout, wait_ready, env, labels, from_snapshot)))
+
+    def wait_pools(self, timeout: float = DEFAULT_READY_TIMEOUT) -> bool:
+        return self._loop.run(self._async.wait_pools(timeout))
+
+    def pool_stats(self) -> list[dict]:
+        return self._async.pool_stats()
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInstance:
         return self._wrap(self._loop.run(self._async.get_sandbox(sandbox_id)))
@@ -519,6 +551,7 @@ class SandboxClient:
         if not self._closed:
             self._loop.run(self._async.cleanup_all(), timeout=60)
             self._loop.run(self._async._delete_own_snapshots(self._async._control), timeout=60)
+            self._async._cleanup_at_exit()  # the idle pooled sandboxes
 
 
 # --------------------------------------------------------------------------- exit cleanup

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Env overhead: SWE-v0 step against a raw SDK exec, reset latency, and grading cost, per backend.
 
-    python scripts/bench_env.py [-n 200] [--resets 20] [--gradings 3] [--backend local|docker]
+    python scripts/bench_env.py [-n 200] [--resets 20] [--gradings 3] [--backend local|docker] [--pool N]
 
 A step parses the action, runs the bash tool and (by default) fingerprints the working
 tree with `git status`/`git diff`; the baseline is the same command through the SDK
@@ -11,6 +11,14 @@ Grading: episodes that apply the gold patch and submit, grading alternately in a
 sandbox (the default: a new sandbox, the repository, the diff, the tests) and in place
 (`grade_in_place=True`: the tests in the policy's sandbox), so both see the same load;
 the time of the submit step is the grading cost, set against the whole episode.
+
+--pool N: `env.reset` (and a bare `create_sandbox`) cold and from a warm pool of N
+(docs/pools.md), alternating cold and warm runs of --resets each, in the same run. The pool
+is full when a warm run starts (a trainer's episodes give it the time to refill); each
+reset also deletes the previous episode's sandbox, as in training, so "reset, previous
+deleted first" shows the reset alone. --pool-only skips the other measurements. The toy rows: Orchard/Toy-v0 (a `write` task,
+no files to upload: the reset is the sandbox plus the env's own work), beside SWE-v0's
+(sandbox + repository archive + git).
 """
 
 from __future__ import annotations
@@ -61,10 +69,80 @@ async def grading_costs(client, n: int) -> list[tuple[str, list[float], list[flo
     return [("grading in place", *samples[True]), ("grading in a fresh sandbox", *samples[False])]
 
 
+def make_env(name: str, client):
+    if name == "toy":  # a task with no files: the reset is the sandbox and the env's own work
+        from orchard_gym.envs.toy.env import ToyEnv
+
+        return ToyEnv(client=client, kinds=["write"], num_tasks=1)
+    return SWEEnv(client=client)
+
+
+async def reset_times(client, n: int, release_first: bool, env_name: str = "swe") -> list[float]:
+    env = make_env(env_name, client)
+    task_id = env.task_ids()[0] if env_name == "toy" else TASK
+    out = []
+    for _ in range(n):
+        if release_first:
+            await env._release_sandbox()
+        t = time.perf_counter()
+        await env.areset(options={"task_id": task_id})
+        out.append(time.perf_counter() - t)
+    await env.aclose()
+    return out
+
+
+async def claim_times(client, image, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        box = await client.create_sandbox(image=image)
+        out.append(time.perf_counter() - t)
+        await box.delete()
+    return out
+
+
+async def pool_rows(args, config) -> list[tuple[str, list[float]]]:
+    """Cold and warm, alternated in rounds so both see the same load."""
+    probe = SWEEnv(client=AsyncSandboxClient(config, cleanup_at_exit=False))
+    image = probe.image_for(probe.get_task(TASK))
+    await probe._client.aclose()
+    samples: dict[str, list[float]] = {}
+    async with AsyncSandboxClient(config) as cold, \
+            AsyncSandboxClient(config, pool={i: {"size": args.pool, "parallel": 4} for i in {image, None}}) as warm:
+        await reset_times(cold, 2, False)  # the task's venv and archive, once
+        for _ in range(args.rounds):
+            for label, client in (("cold", cold), ("warm", warm)):
+                if client is warm and not await warm.wait_pools(600):
+                    raise SystemExit(f"the pool did not fill: {warm.pool_stats()}")
+                samples.setdefault(f"create_sandbox ({label})", []).extend(await claim_times(client, image, args.resets))
+                if client is warm:
+                    await warm.wait_pools(600)
+                samples.setdefault(f"env.reset ({label})", []).extend(await reset_times(client, args.resets, False))
+                if client is warm:
+                    await warm.wait_pools(600)
+                samples.setdefault(f"env.reset, previous deleted first ({label})", []).extend(
+                    await reset_times(client, args.resets, True))
+                if client is warm:
+                    await warm.wait_pools(600)
+                samples.setdefault(f"toy env.reset, previous deleted first ({label})", []).extend(
+                    await reset_times(client, args.resets, True, "toy"))
+        print(f"pool: {warm.pool_stats()}")
+    return sorted(samples.items(), key=lambda kv: (kv[0].split(" (")[0], "warm" in kv[0]))
+
+
 async def main(args) -> None:
     config = {"type": args.backend}
     if args.backend == "local":
         config["root"] = tempfile.mkdtemp(prefix="og-bench-env-")
+    if args.pool:
+        rows = await pool_rows(args, config)
+        print(f"backend {args.backend}, pool of {args.pool}, {args.rounds} rounds of {args.resets} per variant")
+        print(f"{'variant':50} {'p50 ms':>9} {'p95 ms':>9} {'n':>4}")
+        for label, samples in rows:
+            p50, p95 = stats(samples)
+            print(f"{label:50} {p50 * 1e3:9.2f} {p95 * 1e3:9.2f} {len(samples):4}")
+        if args.pool_only:
+            return
     rows = []
     async with AsyncSandboxClient(config) as client:
         for fingerprint in (False, True):
@@ -118,4 +196,7 @@ if __name__ == "__main__":
     p.add_argument("--resets", type=int, default=20)
     p.add_argument("--gradings", type=int, default=3, help="episodes per grading mode (0: skip)")
     p.add_argument("--backend", default="local", choices=["local", "docker"])
+    p.add_argument("--pool", type=int, default=0, help="also time resets from a warm pool of this size (0: no)")
+    p.add_argument("--rounds", type=int, default=2, help="cold/warm rounds of --resets each (with --pool)")
+    p.add_argument("--pool-only", action="store_true", help="with --pool: only the cold/warm comparison")
     asyncio.run(main(p.parse_args()))

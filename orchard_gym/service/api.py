@@ -195,6 +195,7 @@ async def resources(request: Request) -> dict:
                   "concurrency": svc.settings.exec_concurrency, "queue": svc.settings.exec_queue},
         "replica": svc.settings.replica_id,
         "store": svc.store.kind,
+        "pools": svc.sandboxes.pools.stats() if svc.sandboxes.pools is not None else [],
     }
 
 

@@ -30,6 +30,7 @@ from .errors import status_of
 from .execs import ExecManager
 from .logs import request_id, setup_logging
 from .metrics import Metrics
+from .pools import ServicePools
 from .reconciler import Reconciler
 from .sandboxes import SandboxManager
 from .settings import ServiceSettings, is_loopback
@@ -96,11 +97,16 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
         except Exception:
             log.exception("first reconciliation pass failed")
         reconciler.start()
+        if settings.pools:
+            sandboxes.pools = ServicePools(settings.pool_specs(), the_backend, the_store, settings.replica_id)
+            await sandboxes.pools.start()
         log.info("orchestrator started", extra={"replica": settings.replica_id, "backend": the_backend.name,
                                                 "store": the_store.kind})
         try:
             yield
         finally:
+            if sandboxes.pools is not None:
+                await sandboxes.pools.aclose()  # the idle ones; claimed ones live on as any other
             await reconciler.aclose()
             await execs.aclose()
             await sandboxes.aclose()

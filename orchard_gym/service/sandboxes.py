@@ -42,10 +42,17 @@ class SandboxManager:
                             deadline=max(settings.agent_retry_window, 0.001))
         self.agents = AgentPool(backend, retry)
         self._watchers: dict[str, asyncio.Task] = {}
+        self.pools = None  # pools.ServicePools, when the replica keeps warm pools
+
 
     # ------------------------------------------------------------------ lifecycle
     async def create(self, spec: SandboxSpec, owner: str = ANONYMOUS) -> SandboxRecord:
         """`owner`: the owner label (auth.py) the record and the backend's labels carry."""
+        if self.pools is not None:  # a warm sandbox of this spec, now `owner`'s (pools.py)
+            claimed = await self.pools.claim(spec, owner, self.settings.ready_timeout)
+            if claimed is not None:
+                self.agents.remember(claimed[0].sandbox_id, claimed[1])
+                return claimed[0]
         sandbox_id = spec.sandbox_id or new_sandbox_id()
         spec = spec.model_copy(update={"sandbox_id": sandbox_id, "labels": {**spec.labels, OWNER_LABEL: owner}})
         timeout = spec.timeout or self.settings.ready_timeout

@@ -92,6 +92,10 @@ class ServiceSettings(BaseSettings):
     agent_retry_window: float = Field(5.0, ge=0, description="seconds to keep retrying an agent that refuses connections")
     lock_ttl: float = Field(15.0, gt=0, description="seconds a per-sandbox lock outlives a replica that died holding it")
 
+    pools: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="warm pools, ';'-separated: IMAGE=N[,cpu=..,memory=..,network=on|off] "
+                                          "(orchard serve --pool; see docs/pools.md)")
+
     log_level: str = Field("INFO")
 
     @field_validator("api_keys", "admin_keys", mode="before")
@@ -111,6 +115,24 @@ class ServiceSettings(BaseSettings):
             if not key.isascii() or not key.isprintable() or key != key.strip():
                 raise ValueError("API keys must be printable ASCII without surrounding spaces")
         return v
+
+    @field_validator("pools", mode="before")
+    @classmethod
+    def _split_pools(cls, v):
+        if isinstance(v, str):
+            return [p.strip() for p in v.split(";") if p.strip()]
+        return v or []
+
+    @field_validator("pools")
+    @classmethod
+    def _check_pools(cls, v: list[str]) -> list[str]:
+        from orchard_gym.pool import parse_pools
+
+        parse_pools([spec.model_dump() for spec in map(_pool_option, v)])  # also: no two alike
+        return v
+
+    def pool_specs(self):
+        return [_pool_option(text) for text in self.pools]
 
     @field_validator("redis_url")
     @classmethod
@@ -190,6 +212,16 @@ class ServiceSettings(BaseSettings):
         url = urlsplit(self.redis_url)  # without the password: the owner label is public
         where = f"{url.scheme}://{url.hostname}:{url.port}{url.path}|{self.redis_prefix}"
         return "serve-" + hashlib.sha256(where.encode()).hexdigest()[:16]
+
+
+def _pool_option(text: str):
+    from orchard_gym.errors import InvalidRequest
+    from orchard_gym.pool import parse_pool_option
+
+    try:
+        return parse_pool_option(text)
+    except InvalidRequest as e:
+        raise ValueError(str(e)) from None
 
 
 def is_loopback(host: str) -> bool:

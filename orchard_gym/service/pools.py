@@ -1,0 +1,98 @@
+"""The orchestrator's warm pools (`orchard serve --pool IMAGE=N`, `ORCHARD_POOLS`).
+
+An idle pooled sandbox has no store record: no key sees it, lists it or reaps it, and the
+reconciler never adopts it (it carries no owner label, only `orchard-gym.pool=<replica>`).
+A claim turns it into a record owned by the claiming key (`OWNER_LABEL` in the record,
+which is what every route checks), so a sandbox claimed by key A is A's alone; from then
+on it is deleted, reaped and failed like any other sandbox.
+
+Pools are per replica. On start, a replica deletes the pooled sandboxes of replicas that
+are gone and that no record claims (an idle pool a dead replica left behind).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+from orchard_gym.pool import PoolSet, PoolSpec
+
+from .auth import OWNER_LABEL
+from .store import Store
+
+log = logging.getLogger("orchard_gym.service.pools")
+POOL_LABEL = "orchard-gym.pool"
+
+
+class BackendProvider:
+    """Creates pooled sandboxes on the backend directly (no record until claimed)."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    async def create(self, spec: SandboxSpec) -> SandboxRecord:
+        record = await self.backend.create(spec)
+        try:
+            return await self.backend.wait_ready(record, spec.timeout)
+        except BaseException:
+            await self.backend.delete(record.sandbox_id)
+            raise
+
+    async def alive(self, record: SandboxRecord) -> bool:
+        return await self.backend.is_alive(record.sandbox_id)
+
+    async def delete(self, sandbox_id: str) -> None:
+        await self.backend.delete(sandbox_id)
+
+
+class ServicePools:
+    def __init__(self, specs: list[PoolSpec], backend, store: Store, replica: str):
+        self.backend, self.store, self.replica = backend, store, replica
+        self.pools = PoolSet(specs, BackendProvider(backend), labels={POOL_LABEL: replica})
+
+    async def start(self) -> None:
+        if not self.pools:
+            return
+        try:
+            await self._sweep_left_behind()
+        except Exception:
+            log.exception("could not sweep the pools of replicas that are gone")
+        self.pools.start()
+
+    async def _sweep_left_behind(self) -> None:
+        for record in await self.backend.list():
+            replica = record.labels.get(POOL_LABEL)
+            if not replica or replica == self.replica or OWNER_LABEL in record.labels:
+                continue
+            if await self.store.get_sandbox(record.sandbox_id) is None and not await self.store.replica_alive(replica):
+                await self.backend.delete(record.sandbox_id)
+                log.info("sandbox deleted", extra={"sandbox_id": record.sandbox_id,
+                                                   "reason": "idle in the pool of a replica that is gone"})
+
+    async def claim(self, spec: SandboxSpec, owner: str, ready_timeout: float) \
+            -> tuple[SandboxRecord, AgentEndpoint] | None:
+        """A ready sandbox of `spec` as a new record owned by `owner` (stored), and its agent's
+        endpoint (never stored); None: create as usual."""
+        backend_record = await self.pools.claim(spec)
+        if backend_record is None:
+            return None
+        now = time.time()
+        record = SandboxRecord(
+            sandbox_id=backend_record.sandbox_id, image=backend_record.image, status="running",
+            backend=self.backend.name, block_network=spec.block_network, cpu=spec.cpu, memory=spec.memory,
+            env=spec.env, labels={OWNER_LABEL: owner}, workdir=backend_record.workdir, created_at=now,
+            last_heartbeat=now,
+            details={**backend_record.details, "replica": self.replica, "ready_deadline": now,
+                     "ready_timeout": spec.timeout or ready_timeout, "backend_created": True, "pooled": True},
+        )
+        if not await self.store.add_sandbox(record):  # cannot happen (fresh ids), but never hand out twice
+            await self.backend.delete(record.sandbox_id)
+            return None
+        return record, backend_record.endpoint
+
+    def stats(self) -> list[dict]:
+        return self.pools.stats()
+
+    async def aclose(self) -> None:
+        await self.pools.aclose()
