@@ -245,7 +245,8 @@ class SandboxEnv(gym.Env):
         await self._release_sandbox()
         await forking.release_all(self, closing=True)
         if self._owns_client and self._client is not None:
-            await self._client.aclose()
+            if forking.last_user(self._client):  # forks share the client of the env they came from
+                await self._client.aclose()
             self._client = None
 
     # ------------------------------------------------------------------ sync API

@@ -142,7 +142,8 @@ def clone(env: SandboxEnv) -> SandboxEnv:
     child = copy.copy(env)
     child.__dict__.pop("_snapshots", None)
     child.sandbox, child._ctx, child.trajectory, child.task = None, None, None, None
-    child._owns_client = False
+    if env._owns_client and env._client is not None:  # the client closes with the last env that shares it
+        env._client.__dict__["_orchard_env_users"] = env._client.__dict__.get("_orchard_env_users", 1) + 1
     for name in env.per_episode_attrs:
         setattr(child, name, None)
     child._np_random = copy.deepcopy(env._np_random)
@@ -172,6 +173,13 @@ async def fork(env: SandboxEnv, n: int) -> list[SandboxEnv]:
         _state(env)["owned"].remove(snap)
         await snap.release()  # the children hold it now
     return children
+
+
+def last_user(client) -> bool:
+    """Whether the env closing now is the last one on a client it made (forks share their parent's)."""
+    users = client.__dict__.get("_orchard_env_users", 1) - 1
+    client.__dict__["_orchard_env_users"] = users
+    return users <= 0
 
 
 # ------------------------------------------------------------------ set-up snapshots (reset as restore)
