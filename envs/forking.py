@@ -133,8 +133,16 @@ async def restore(env: SandboxEnv, snap: Any, seed: int | None = None) -> tuple[
 
 
 def default_resume(sandbox, ctx: ToolContext) -> ToolContext:
-    """The same tool context on the restored sandbox (for envs whose set-up only writes files)."""
-    return dataclasses.replace(ctx, sandbox=sandbox, env=dict(ctx.env), state=dict(ctx.state))
+    """The same tool context on the restored sandbox (for envs whose set-up only writes files). The
+    working directory may differ between sandboxes (the local backend's is under each one's own
+    folder): paths under the old one are moved to the new one."""
+    old, new = ctx.sandbox.workdir, sandbox.workdir
+
+    def move(value: str) -> str:
+        return value.replace(old, new) if old and new and old != new else value
+
+    return dataclasses.replace(ctx, sandbox=sandbox, cwd=move(ctx.cwd), env={k: move(v) for k, v in ctx.env.items()},
+                               state=dict(ctx.state))
 
 
 def clone(env: SandboxEnv) -> SandboxEnv:
