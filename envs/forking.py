@@ -48,7 +48,7 @@ class EnvSnapshot:
         self.ctx = ctx
         self.trajectory = trajectory.model_copy(deep=True) if trajectory is not None else None
         self.elapsed = time.monotonic() - env._started
-        self.image, self.size = env.image_for(env.task), env.sandbox_size(env.task)
+        self.size = env.sandbox_size(env.task)
         self._client = env._client
         self._holds = 1  # the env that took it
         self.deleted = False
@@ -119,7 +119,7 @@ async def restore(env: SandboxEnv, snap: Any, seed: int | None = None) -> tuple[
     env.trajectory = snap.trajectory.model_copy(deep=True)
     env.trajectory.metadata["restored_from"] = snap.snapshot_id
     env._started, env._done = time.monotonic() - snap.elapsed, False
-    env.sandbox = await client.create_sandbox(image=snap.image, from_snapshot=snap.snapshot_id, **snap.size)
+    env.sandbox = await client.create_sandbox(from_snapshot=snap.snapshot_id, **snap.size)  # the snapshot's image
     env.trajectory.sandbox_id = env.sandbox.sandbox_id
     try:
         env._ctx = await env.resume(env.sandbox, env.task, snap.ctx)

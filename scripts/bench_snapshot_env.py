@@ -43,6 +43,12 @@ async def bench(backend: dict, task: str, n: int, forks: int) -> None:
                 times[name].append(time.perf_counter() - t)
                 obs, *_ = await env.astep(step)
                 assert obs.strip() == "0", f"{name}: the tree is not clean after reset: {obs!r}"
+        bare = []  # the floor: a sandbox with nothing in it, created and deleted
+        for _ in range(n):
+            t = time.perf_counter()
+            sandbox = await client.create_sandbox()
+            bare.append(time.perf_counter() - t)
+            await sandbox.delete()
         fork_times = []
         for _ in range(forks):
             t = time.perf_counter()
@@ -54,6 +60,7 @@ async def bench(backend: dict, task: str, n: int, forks: int) -> None:
         print(f"  first reset with snapshot_setup (set-up + snapshot): {first * 1000:.0f} ms")
         print(f"  plain reset (create + set-up):     {med(times['plain'])}")
         print(f"  restored reset (from the set-up):  {med(times['restored'])}")
+        print(f"  bare create (no set-up, floor):    {med(bare)}")
         saved = statistics.median(times["plain"]) - statistics.median(times["restored"])
         print(f"  saving per reset: {saved * 1000:.0f} ms ({saved / statistics.median(times['plain']):.0%})")
         print(f"  fork of a live episode (snapshot + create from it + resume): {med(fork_times)}")
