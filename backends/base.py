@@ -10,8 +10,8 @@ import uuid
 from abc import ABC, abstractmethod
 
 from orchard_gym.agent_client import AgentClient
-from orchard_gym.errors import SandboxFailed, SandboxTimeout
-from orchard_gym.models import SandboxRecord, SandboxSpec
+from orchard_gym.errors import InvalidRequest, SandboxFailed, SandboxTimeout
+from orchard_gym.models import SandboxRecord, SandboxSpec, SnapshotRecord
 
 OWNER_LABEL = "orchard-gym.owner"
 SANDBOX_LABEL = "orchard-gym.sandbox"
@@ -19,6 +19,10 @@ SANDBOX_LABEL = "orchard-gym.sandbox"
 
 def new_sandbox_id() -> str:
     return "sb-" + uuid.uuid4().hex[:16]
+
+
+def new_snapshot_id() -> str:
+    return "snap-" + uuid.uuid4().hex[:16]
 
 
 def new_token() -> str:
@@ -59,6 +63,23 @@ class Backend(ABC):
     async def is_alive(self, sandbox_id: str) -> bool:
         record = await self.get(sandbox_id)
         return record is not None and record.status in ("pending", "running")
+
+    # Snapshots (docs/snapshots.md): the filesystem state of a sandbox, not its processes.
+    # `create(SandboxSpec(from_snapshot=...))` starts a sandbox from one.
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        """Freeze the sandbox's filesystem state (SandboxNotFound / SandboxFailed when it is gone)."""
+        raise InvalidRequest(f"{self.name} backend cannot snapshot")
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        """Free a snapshot; False if unknown. Sandboxes started from it are not touched."""
+        raise InvalidRequest(f"{self.name} backend cannot snapshot")
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        """Every snapshot this backend's owner covers."""
+        raise InvalidRequest(f"{self.name} backend cannot snapshot")
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return next((s for s in await self.list_snapshots() if s.snapshot_id == snapshot_id), None)
 
     async def sweep(self) -> list[str]:
         """Remove what dead owners left behind; returns the ids removed."""

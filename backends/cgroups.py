@@ -22,6 +22,7 @@ the environment-marker kill and says so in `resources()`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -366,6 +367,16 @@ class SandboxCgroup:
             self._wait_empty(top, deadline)
         finally:
             self.remove(deadline)
+
+    @contextlib.contextmanager
+    def frozen(self, timeout: float = 5.0):
+        """Hold every process of the sandbox still (a snapshot copies one moment's files)."""
+        top = self.job_dir
+        try:
+            self._freeze(top, time.monotonic() + timeout)
+            yield
+        finally:
+            self._thaw_all(top)
 
     def _freeze(self, top: Path, deadline: float) -> None:
         if self.version == 1:

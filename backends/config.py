@@ -204,6 +204,11 @@ class KubernetesBackendConfig(BaseModel):
     watch_timeout: int = Field(300, ge=5, le=3600, description="seconds one watch request lasts before it resumes")
     verify_reach: bool = Field(True, description="call the agent once when its pod turns ready, so that a pod IP "
                                "this process cannot reach fails at once with a clear error")
+    snapshot_dir: Path | None = Field(None, description="where snapshots' tarballs are kept (default "
+                                      "$ORCHARD_CACHE/k8s-snapshots); pods read them through snapshot_volume")
+    snapshot_volume: dict | None = Field(None, description="the pod volume source holding snapshot_dir's files "
+                                         "(default: a hostPath of snapshot_dir, for single-node clusters; else a "
+                                         "ReadWriteMany persistentVolumeClaim mounted at snapshot_dir here)")
 
     @field_validator("memory_request", "default_memory")
     @classmethod

@@ -54,11 +54,12 @@ import time
 
 from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord
 
 from . import host_guard, procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
+from .snapshots_docker import DockerSnapshots
 
 try:
     import docker
@@ -159,6 +160,7 @@ class DockerBackend(Backend):
         self.token_label = f"{p}.agent-token"  # the agent has only its SHA-256 (--token-sha256)
         self._slots = threading.BoundedSemaphore(self.config.workers)
         self._network_ok = False
+        self.snapshots = DockerSnapshots(self)
         try:
             if self.config.base_url is None and os.environ.get("DOCKER_HOST"):  # honours DOCKER_TLS_* too
                 self.client = docker.from_env(timeout=self.config.api_timeout, max_pool_size=self.config.workers)
@@ -274,13 +276,15 @@ class DockerBackend(Backend):
         cfg = self.config
         sandbox_id = spec.sandbox_id or new_sandbox_id()
         name = self._name(sandbox_id)
-        image = spec.image or cfg.default_image
+        image = run_image = spec.image or cfg.default_image
         try:
             self.api.inspect_container(name)
             raise InvalidRequest(f"sandbox {sandbox_id} already exists")
         except derr.NotFound:
             pass
-        image_info = self._ensure_image(image)
+        if spec.from_snapshot is not None:  # its files, under the task image's name (snapshots_docker.py)
+            image, run_image = self.snapshots.image_for(spec.from_snapshot, spec.image)
+        image_info = self._ensure_image(run_image)
         self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
         if spec.block_network:
             self._ensure_network()
@@ -307,7 +311,7 @@ class DockerBackend(Backend):
             )
             try:
                 self.api.create_container(
-                    image, name=name, hostname=sandbox_id, entrypoint=[LOADER], working_dir=workdir,
+                    run_image, name=name, hostname=sandbox_id, entrypoint=[LOADER], working_dir=workdir,
                     command=AGENT_ARGS + ["--port", str(cfg.agent_port), "--cwd", workdir,
                                           "--max-output", str(cfg.max_output), "--token-sha256", token_sha256(token)],
                     environment={**spec.env, "ORCHARD_SANDBOX": sandbox_id},
@@ -467,6 +471,7 @@ class DockerBackend(Backend):
                 except derr.NotFound:
                     pass
                 removed.add(labels.get(self.sandbox_label, summary["Id"][:12]))
+        removed.update(self.snapshots.sweep(self._swept_owner))
         for volume in self.api.volumes(filters=mine).get("Volumes") or []:
             labels = volume.get("Labels") or {}
             if self._swept_owner(labels):
@@ -479,6 +484,22 @@ class DockerBackend(Backend):
 
     async def sweep(self) -> list[str]:
         return await self._run(self._sweep)
+
+    # ------------------------------------------------------------------ snapshots (snapshots_docker.py)
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        return await self._run(self.snapshots.take, sandbox_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self._run(self.snapshots.delete, snapshot_id)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await self._run(self.snapshots.list)
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        def get():
+            attrs = self.snapshots._inspect(snapshot_id) if SNAPSHOT_ID_RE.match(snapshot_id) else None
+            return self.snapshots._record(attrs) if attrs else None
+        return await self._run(get)
 
     async def aclose(self) -> None:
         await self._run(self.client.close)

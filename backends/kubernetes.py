@@ -69,12 +69,13 @@ from orchard_gym.errors import (
     SandboxFailed,
     SandboxTimeout,
 )
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord
 
 from .base import Backend, new_sandbox_id, new_token
 from .config import KubernetesBackendConfig
 from .docker import owner_gone, owner_identity
 from .kubernetes_manifests import TASK_CONTAINER, PodManifests
+from .snapshots_k8s import DirectorySnapshotStore, KubernetesSnapshots, default_snapshot_dir
 from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of this module's API
     TOMBSTONES,
     PodWatcher,
@@ -121,6 +122,8 @@ class KubernetesBackend(PodManifests, Backend):
         self._created_here: OrderedDict[str, None] = OrderedDict()
         self._known = threading.Lock()  # guards both: worker threads and the loop use them
         self.swept: list[str] = []
+        self.snapshots = KubernetesSnapshots(self, DirectorySnapshotStore(
+            cfg.snapshot_dir or default_snapshot_dir(), cfg.snapshot_volume))
         self.api_client = self._client()
         self.core = kubernetes.client.CoreV1Api(self.api_client)
         self.net = kubernetes.client.NetworkingV1Api(self.api_client)
@@ -247,6 +250,9 @@ class KubernetesBackend(PodManifests, Backend):
             if not re.fullmatch(r"[-._a-zA-Z][-._a-zA-Z0-9]*", key):
                 raise InvalidRequest(f"env name {key!r} is not allowed in a pod (letters, digits, '-', '.', '_'; "
                                      f"not starting with a digit)")
+        snapshot = self.snapshots.source(spec.from_snapshot, spec.image) if spec.from_snapshot else None
+        if snapshot is not None:
+            spec = spec.model_copy(update={"image": snapshot.get("image")})
         self._setup()
         token, nonce = new_token(), new_token()[:16]
         name = self._name(sandbox_id)
@@ -264,8 +270,11 @@ class KubernetesBackend(PodManifests, Backend):
                 except ApiException as e:
                     if e.status != 409:  # 409: left by an earlier sandbox of that id; it says the same
                         raise
+            manifest = self.pod_manifest(spec, sandbox_id, token, nonce)
+            if snapshot is not None:  # the workdir unpacked from the snapshot by an init container
+                manifest = self.snapshots.restore_into(manifest, spec.from_snapshot)
             pod = self._create_obj("Pod", self.core.create_namespaced_pod, self.core.read_namespaced_pod,
-                                   self.pod_manifest(spec, sandbox_id, token, nonce), sandbox_id, nonce=nonce)
+                                   manifest, sandbox_id, nonce=nonce)
         except BaseException as e:
             for delete, obj in made:  # only what this call made: never another sandbox's objects
                 try:
@@ -593,10 +602,25 @@ class KubernetesBackend(PodManifests, Backend):
                     continue
                 self._api(f"delete {kind}", deleter, meta["name"], self.namespace, ok=(404,))
                 removed.add(sid)
+        removed.update(self.snapshots.sweep(lambda m: m.get("owner") == _process_owner(m.get("identity", ""))
+                                            and owner_gone(m.get("identity", ""))))
         return sorted(removed)
 
     async def sweep(self) -> list[str]:
         return await self._run(self._sweep)
+
+    # ------------------------------------------------------------------ snapshots (snapshots_k8s.py)
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        return await self.snapshots.take(sandbox_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await self._run(self.snapshots.delete, snapshot_id)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await self._run(self.snapshots.list)
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return self.snapshots.get(snapshot_id)
 
     async def aclose(self) -> None:
         await self._run(self.watcher.stop)

@@ -28,13 +28,14 @@ from pathlib import Path
 
 from orchard_gym.agent import AGENT_DIR
 from orchard_gym._loop import run_in_thread
-from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, parse_memory
+from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
+from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
 from . import procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
+from .snapshots_local import LocalSnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class LocalBackend(Backend):
         self._warned_image = False
         _compile_agent()
         self._starting: dict[str, SandboxSpec] = {}  # created here, not ready yet: what a restart needs
+        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client)
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
     def _warn_image_as_host(self, image: str) -> None:
@@ -136,6 +138,12 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        if spec.from_snapshot is not None:
+            try:
+                self.snapshots.restore(spec.from_snapshot, work)
+            except BaseException:
+                shutil.rmtree(home, ignore_errors=True)
+                raise
         token = new_token()
         isolation = "bwrap" if self.bwrap else "none"
         if not spec.block_network or isolation == "none":
@@ -395,7 +403,10 @@ class LocalBackend(Backend):
     def sweep_sync(self) -> list[str]:
         """Remove sandboxes whose creating process died (die_with_client) or whose agent died."""
         removed = []
+        removed += self.snapshots.sweep()
         for home in self.root.iterdir():
+            if home.name.startswith("."):  # the snapshot store
+                continue
             meta = self._meta(home.name)
             if meta is None:
                 # a folder without meta.json is a create that crashed midway; give it a minute
@@ -411,6 +422,25 @@ class LocalBackend(Backend):
 
     async def sweep(self) -> list[str]:
         return await run_in_thread(self.sweep_sync)
+
+    # ------------------------------------------------------------------ snapshots (snapshots_local.py)
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        if not procs.alive(meta.get("pid")):
+            raise SandboxFailed(f"sandbox {sandbox_id} is not running; cannot snapshot it")
+        cgroup = SandboxCgroup.from_meta(meta["cgroup"]) if meta.get("cgroup") else None
+        return await asyncio.to_thread(self.snapshots.take, meta, cgroup.frozen if cgroup else None)
+
+    async def delete_snapshot(self, snapshot_id: str) -> bool:
+        return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await asyncio.to_thread(self.snapshots.list)
+
+    async def get_snapshot(self, snapshot_id: str) -> SnapshotRecord | None:
+        return self.snapshots.get(snapshot_id)
 
     def reap(self) -> None:
         """Collect the exit status of agents this process started that died or were deleted

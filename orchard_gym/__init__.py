@@ -18,8 +18,9 @@ from .errors import (
     SandboxNotFound,
     SandboxTimeout,
     ServiceUnavailable,
+    SnapshotNotFound,
 )
-from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
 from .terminal import AsyncPtyProcess, PtyError, PtyProcess
 
 __version__ = "0.1.0"
@@ -32,5 +33,5 @@ __all__ = [
     "AgentUnavailable", "AsyncPtyProcess", "AsyncSandboxClient", "AsyncSandboxInstance", "AuthenticationError", "BackendError",
     "ExecEvent", "FileInfo", "ImageNotFound", "InvalidRequest", "JobNotFound", "JobResult", "OrchardError",
     "PatchResult", "PtyError", "PtyProcess", "SandboxClient", "SandboxFailed", "SandboxInstance", "SandboxNotFound", "SandboxRecord",
-    "SandboxSpec", "SandboxTimeout", "ServiceUnavailable", "__version__",
+    "SandboxSpec", "SandboxTimeout", "ServiceUnavailable", "SnapshotNotFound", "SnapshotRecord", "__version__",
 ]

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from ._loop import LoopThread
 from .control import InProcessControl, SandboxControl
-from .errors import InvalidRequest, SandboxNotFound
-from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .errors import InvalidRequest, SandboxNotFound, SnapshotNotFound
+from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
 from .retry import RetryPolicy
 from .terminal import AsyncPtyProcess, PtyProcess, init_frame
 
@@ -156,6 +156,14 @@ class AsyncSandboxInstance:
         """Limits, kill method and usage so far (local backend: cgroup CPU seconds, peak memory)."""
         return await self._control.resources(self.sandbox_id)
 
+    async def snapshot(self) -> SnapshotRecord:
+        """The sandbox's filesystem state now (not its running processes): start sandboxes
+        from it with `create_sandbox(from_snapshot=record.snapshot_id)` (docs/snapshots.md).
+        Deleted with the client that took it, or by `delete_snapshot`."""
+        record = await self._control.snapshot(self.sandbox_id)
+        self._client._snapshots.add(record.snapshot_id)
+        return record
+
     def start_heartbeat(self, interval: float = 30.0) -> None:
         """Keep the sandbox alive on an orchestrator that reaps idle ones."""
         if interval <= 0:
@@ -208,6 +216,7 @@ class AsyncSandboxClient:
         self.retry = retry or RetryPolicy()
         self._control = self._make_control()
         self._owned: dict[str, AsyncSandboxInstance] = {}
+        self._snapshots: set[str] = set()  # taken through this client: deleted when it closes
         self._closed = False
         if cleanup_at_exit:
             _live_clients.add(self)
@@ -236,11 +245,15 @@ class AsyncSandboxClient:
                              sandbox_id: str | None = None, cpu: float | None = None,
                              memory: int | str | None = None, timeout: float = DEFAULT_READY_TIMEOUT,
                              wait_ready: bool = True, env: dict[str, str] | None = None,
-                             labels: dict[str, str] | None = None) -> AsyncSandboxInstance:
+                             labels: dict[str, str] | None = None,
+                             from_snapshot: str | None = None) -> AsyncSandboxInstance:
         """Start a sandbox from `image` (local backend: None or 'host') and, by default,
-        wait until its agent answers."""
+        wait until its agent answers. `from_snapshot`: a snapshot id (`sandbox.snapshot()`)
+        whose files the new sandbox starts with; `image` is then the snapshot's (docker: the
+        snapshot image) unless given."""
         spec = _validated(SandboxSpec, image=image, block_network=block_network, sandbox_id=sandbox_id,
-                          cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {})
+                          cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {},
+                          from_snapshot=from_snapshot)
         record = await self._control.create(spec, wait_ready, timeout)
         instance = AsyncSandboxInstance(self, record)
         self._owned[record.sandbox_id] = instance
@@ -259,6 +272,22 @@ class AsyncSandboxClient:
             instance.stop_heartbeat()
         await self._control.delete(sandbox_id)
 
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await self._control.list_snapshots()
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """Free a snapshot (SnapshotNotFound if there is none); sandboxes started from it go on."""
+        self._snapshots.discard(snapshot_id)
+        await self._control.delete_snapshot(snapshot_id)
+
+    async def _delete_own_snapshots(self, control: SandboxControl) -> None:
+        ids, self._snapshots = list(self._snapshots), set()
+        results = await asyncio.gather(*(control.delete_snapshot(i) for i in ids), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, SnapshotNotFound):
+                warnings.warn(f"orchard-gym: cannot delete a snapshot: {type(result).__name__}: {result}",
+                              RuntimeWarning, stacklevel=2)
+
     async def cleanup_all(self) -> int:
         """Delete every sandbox this client created; returns how many."""
         ids = list(self._owned)
@@ -271,6 +300,7 @@ class AsyncSandboxClient:
         self._closed = True
         try:
             await self.cleanup_all()
+            await self._delete_own_snapshots(self._control)
         finally:
             await self._control.aclose()
             _live_clients.discard(self)
@@ -283,7 +313,7 @@ class AsyncSandboxClient:
 
     def _cleanup_at_exit(self) -> None:
         """Runs at interpreter exit: the user's loop may be gone, so use a fresh control."""
-        if self._closed or not self._owned:
+        if self._closed or not (self._owned or self._snapshots):
             return
         ids = list(self._owned)
 
@@ -291,6 +321,7 @@ class AsyncSandboxClient:
             control = self._make_control()
             try:
                 await asyncio.gather(*(control.delete(i) for i in ids), return_exceptions=True)
+                await self._delete_own_snapshots(control)
             finally:
                 await control.aclose()
 
@@ -387,6 +418,9 @@ class SandboxInstance:
     def resources(self) -> dict:
         return self._run(self._inner.resources())
 
+    def snapshot(self) -> SnapshotRecord:
+        return self._run(self._inner.snapshot())
+
     def start_heartbeat(self, interval: float = 30.0) -> None:
         async def start():
             self._inner.start_heartbeat(interval)
@@ -438,9 +472,9 @@ class SandboxClient:
 
     def create_sandbox(self, image=None, block_network: bool = True, sandbox_id=None, cpu=None, memory=None,
                        timeout: float = DEFAULT_READY_TIMEOUT, wait_ready: bool = True, env=None,
-                       labels=None) -> SandboxInstance:
+                       labels=None, from_snapshot: str | None = None) -> SandboxInstance:
         return self._wrap(self._loop.run(self._async.create_sandbox(
-            image, block_network, sandbox_id, cpu, memory, timeout, wait_ready, env, labels)))
+            image, block_network, sandbox_id, cpu, memory, timeout, wait_ready, env, labels, from_snapshot)))
 
     def get_sandbox(self, sandbox_id: str) -> SandboxInstance:
         return self._wrap(self._loop.run(self._async.get_sandbox(sandbox_id)))
@@ -453,6 +487,12 @@ class SandboxClient:
 
     def cleanup_all(self) -> int:
         return self._loop.run(self._async.cleanup_all())
+
+    def list_snapshots(self) -> list[SnapshotRecord]:
+        return self._loop.run(self._async.list_snapshots())
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        self._loop.run(self._async.delete_snapshot(snapshot_id))
 
     def close(self) -> None:
         if not self._closed:
@@ -469,6 +509,7 @@ class SandboxClient:
     def _cleanup_at_exit(self) -> None:
         if not self._closed:
             self._loop.run(self._async.cleanup_all(), timeout=60)
+            self._loop.run(self._async._delete_own_snapshots(self._async._control), timeout=60)
 
 
 # --------------------------------------------------------------------------- exit cleanup

@@ -10,8 +10,9 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from .agent_client import AgentClient
-from .errors import AgentUnavailable, SandboxFailed, SandboxNotFound
-from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .errors import AgentUnavailable, InvalidRequest, SandboxFailed, SandboxNotFound, SnapshotNotFound
+from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
+                     SnapshotRecord, check_snapshot_id)
 from .retry import RetryPolicy
 
 
@@ -60,6 +61,16 @@ class SandboxControl(ABC):
     async def cancel(self, sandbox_id: str, job_id: str) -> bool:
         """Kill a running job; False when no job of that id runs."""
         raise NotImplementedError
+
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        raise InvalidRequest("this control cannot snapshot")
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        """SnapshotNotFound when there is none of that id."""
+        raise InvalidRequest("this control cannot snapshot")
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        raise InvalidRequest("this control cannot snapshot")
 
     @abstractmethod
     async def open_pty(self, sandbox_id: str, init: dict):
@@ -167,6 +178,20 @@ class InProcessControl(SandboxControl):
         if found is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
         return found
+
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        return await self.backend.snapshot(sandbox_id)
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        try:
+            check_snapshot_id(snapshot_id)
+        except ValueError as e:
+            raise SnapshotNotFound(str(e)) from None
+        if not await self.backend.delete_snapshot(snapshot_id):
+            raise SnapshotNotFound(f"no snapshot {snapshot_id!r}")
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return await self.backend.list_snapshots()
 
     async def _call(self, sandbox_id: str, method: str, *args):
         """Call the agent; when it cannot be reached, say whether the sandbox died."""

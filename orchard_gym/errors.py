@@ -26,6 +26,13 @@ class SandboxNotFound(OrchardError, KeyError):
         return str(self.args[0]) if self.args else "sandbox not found"
 
 
+class SnapshotNotFound(OrchardError, KeyError):
+    """No snapshot with this id (never taken, deleted, or another API key's)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "snapshot not found"
+
+
 class JobNotFound(OrchardError, KeyError):
     """No job with this id."""
 

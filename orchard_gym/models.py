@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+SNAPSHOT_ID_RE = re.compile(r"^snap-[0-9a-f]{16}$")  # never a path: no '/', no '..'
 RESERVED_ENV_PREFIX = "ORCHARD_"  # sandbox env names the backends set themselves
 SandboxStatus = Literal["pending", "running", "failed", "deleting", "deleted"]
 JobStatus = Literal["queued", "running", "succeeded", "failed"]
@@ -79,6 +80,12 @@ class SandboxSpec(BaseModel):
     timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False, description="seconds to wait for ready")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
     labels: dict[str, str] = Field(default_factory=dict)
+    from_snapshot: str | None = Field(None, description="start from this snapshot's filesystem (snapshot())")
+
+    @field_validator("from_snapshot")
+    @classmethod
+    def _check_snapshot(cls, v: str | None) -> str | None:
+        return check_snapshot_id(v) if v is not None else None
 
     @field_validator("sandbox_id")
     @classmethod
@@ -107,6 +114,26 @@ class SandboxSpec(BaseModel):
     @property
     def memory_bytes(self) -> int | None:
         return parse_memory(self.memory)
+
+
+def check_snapshot_id(snapshot_id) -> str:
+    """A snapshot id as snapshot() makes them ('snap-' + 16 hex), or ValueError."""
+    if not isinstance(snapshot_id, str) or not SNAPSHOT_ID_RE.match(snapshot_id):
+        raise ValueError(f"not a snapshot id: {str(snapshot_id)[:80]!r} (snapshot ids are 'snap-' + 16 hex digits)")
+    return snapshot_id
+
+
+class SnapshotRecord(BaseModel):
+    """The filesystem state of a sandbox at one moment (`sandbox.snapshot()`); running
+    processes are not part of it. Owned like its sandbox (its labels, owner label included)."""
+
+    snapshot_id: str
+    sandbox_id: str = Field(description="the sandbox it was taken from (may be deleted since)")
+    backend: str
+    image: str | None = None
+    created_at: float = Field(default_factory=time.time)
+    size_bytes: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class AgentEndpoint(BaseModel):

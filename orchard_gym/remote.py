@@ -33,15 +33,17 @@ from .errors import (
     SandboxNotFound,
     SandboxTimeout,
     ServiceUnavailable,
+    SnapshotNotFound,
 )
-from .models import ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec
+from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
+                     SnapshotRecord, check_snapshot_id)
 from .retry import RetryPolicy, retrying
 
 # what the server's `error` field names -> the exception to raise
 _BY_NAME: dict[str, type[BaseException]] = {
     cls.__name__: cls
     for cls in (AgentUnavailable, AuthenticationError, BackendError, FileTooLarge, ImageNotFound, InvalidRequest,
-                JobNotFound,
+                JobNotFound, SnapshotNotFound,
                 SandboxFailed, SandboxNotFound, SandboxTimeout, ServiceUnavailable, OrchardError)
 }
 _BY_NAME["FileNotFoundError"] = FileNotFoundError
@@ -206,6 +208,21 @@ class RemoteControl(SandboxControl):
 
     async def resources(self, sandbox_id: str) -> dict:
         return await self._json("GET", f"{self._p(sandbox_id)}/resources")
+
+    # ------------------------------------------------------------------ snapshots (service/snapshots.py)
+    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+        return SnapshotRecord.model_validate(await self._json("POST", f"{self._p(sandbox_id)}/snapshots",
+                                                              idempotent=False, timeout=600 + SLACK))
+
+    async def delete_snapshot(self, snapshot_id: str) -> None:
+        try:
+            check_snapshot_id(snapshot_id)  # never a path: no request for garbage
+        except ValueError as e:
+            raise SnapshotNotFound(str(e)) from None
+        await self._request("DELETE", f"/snapshots/{snapshot_id}", idempotent=False)
+
+    async def list_snapshots(self) -> list[SnapshotRecord]:
+        return [SnapshotRecord.model_validate(d) for d in await self._json("GET", "/snapshots")]
 
     # ------------------------------------------------------------------ commands
     @staticmethod

@@ -59,6 +59,7 @@ BODIES = {
 
 
 def _request(http: httpx.Client, method: str, path: str, **ids: str) -> httpx.Response:
+    ids.setdefault("snapshot_id", "snap-0000000000000000")
     url = path.format(**{"port": "8080", **ids})
     body = next((b for suffix, b in BODIES.items() if path.endswith(suffix)), None) if method == "POST" else None
     params = {"path": "pwned.txt", "timeout": 0.2} if method == "GET" else None
@@ -89,24 +90,29 @@ def alice_box(orch):
         sid = r.json()["sandbox_id"]
         job = alice.post(f"/sandboxes/{sid}/exec", json={"command": "echo $TOKEN", "wait": True}).json()
         assert job["stdout"] == SECRET + "\n"  # the sandbox does get the value
-        yield sid, job["job_id"]
+        snap = alice.post(f"/sandboxes/{sid}/snapshots")
+        assert snap.status_code == 200 and snap.json()["labels"] == {"team": "a"}, snap.text
+        yield sid, job["job_id"], snap.json()["snapshot_id"]
 
 
 def test_other_keys_get_404_on_every_route_of_a_sandbox(orch, alice_box):
-    sid, job_id = alice_box
+    sid, job_id, snap_id = alice_box
     checked = []
     with _client(orch, BOB) as bob, _client(orch, ALICE) as alice:
         for method, path in _operations():
-            if "{sandbox_id}" not in path and "{job_id}" not in path:
+            if "{sandbox_id}" not in path and "{job_id}" not in path and "{snapshot_id}" not in path:
                 continue
-            theirs = _request(bob, method, path, sandbox_id=sid, job_id=job_id)
-            unknown = _request(bob, method, path, sandbox_id="no-such-box", job_id="no-such-job")
-            expected = "SandboxNotFound" if "{sandbox_id}" in path else "JobNotFound"
+            theirs = _request(bob, method, path, sandbox_id=sid, job_id=job_id, snapshot_id=snap_id)
+            unknown = _request(bob, method, path, sandbox_id="no-such-box", job_id="no-such-job",
+                               snapshot_id="snap-0123456789abcdef")
+            expected = ("SandboxNotFound" if "{sandbox_id}" in path else
+                        "JobNotFound" if "{job_id}" in path else "SnapshotNotFound")
             assert theirs.status_code == 404 and theirs.json()["error"] == expected, (method, path, theirs.text)
             # no oracle: someone else's sandbox looks exactly like one that does not exist
             assert (unknown.status_code, unknown.json()["error"]) == (404, expected), (method, path)
-            assert theirs.json()["detail"].replace(sid, "X").replace(job_id, "X") == \
-                unknown.json()["detail"].replace("no-such-box", "X").replace("no-such-job", "X")
+            assert theirs.json()["detail"].replace(sid, "X").replace(job_id, "X").replace(snap_id, "X") == \
+                unknown.json()["detail"].replace("no-such-box", "X").replace("no-such-job", "X").replace(
+                    "snap-0123456789abcdef", "X")
             assert SECRET not in theirs.text
             checked.append((method, path))
         # nothing bob tried happened: the sandbox lives, no file was written, no command ran
@@ -114,13 +120,17 @@ def test_other_keys_get_404_on_every_route_of_a_sandbox(orch, alice_box):
         ls = alice.post(f"/sandboxes/{sid}/exec", json={"command": "ls", "wait": True}).json()
         assert ls["exit_code"] == 0 and "pwned" not in ls["stdout"]
         assert alice.get(f"/jobs/{job_id}").json()["stdout"] == SECRET + "\n"
+        assert snap_id in [s["snapshot_id"] for s in alice.get("/snapshots").json()]  # bob's DELETE did nothing
+        assert snap_id not in [s["snapshot_id"] for s in bob.get("/snapshots").json()]
+        forked = bob.post("/sandboxes", json={"from_snapshot": snap_id})  # nor can bob start from it
+        assert (forked.status_code, forked.json()["error"]) == (404, "SnapshotNotFound"), forked.text
     # the owner and an admin reach every one of those routes (DELETE last: it ends the sandbox)
     with _client(orch, ALICE) as alice, _client(orch, ADMIN) as admin:
         for who in (alice, admin):
             for method, path in sorted(checked, key=lambda op: op[0] == "DELETE"):
                 if method == "DELETE":
                     continue
-                r = _request(who, method, path, sandbox_id=sid, job_id=job_id)
+                r = _request(who, method, path, sandbox_id=sid, job_id=job_id, snapshot_id=snap_id)
                 assert r.status_code != 404 or "FileNotFoundError" in r.text, (method, path, r.text)
                 assert r.status_code < 500 and "SandboxNotFound" not in r.text and "JobNotFound" not in r.text
     routes = {p for _, p in checked}
@@ -128,13 +138,14 @@ def test_other_keys_get_404_on_every_route_of_a_sandbox(orch, alice_box):
                  "/sandboxes/{sandbox_id}/files", "/sandboxes/{sandbox_id}/files/list", "/jobs/{job_id}",
                  "/jobs/{job_id}/wait", "/sandboxes/{sandbox_id}/heartbeat", "/sandboxes/{sandbox_id}/wait",
                  "/sandboxes/{sandbox_id}/apply_patch", "/sandboxes/{sandbox_id}/services",
-                 "/sandboxes/{sandbox_id}/services/{port}"):
+                 "/sandboxes/{sandbox_id}/services/{port}", "/sandboxes/{sandbox_id}/snapshots",
+                 "/snapshots/{snapshot_id}"):
         assert must in routes, must
     assert ("DELETE", "/sandboxes/{sandbox_id}") in checked
 
 
 def test_listings_show_only_your_own_and_admin_sees_all(orch, alice_box):
-    sid, _ = alice_box
+    sid, _, _ = alice_box
     with _client(orch, BOB) as bob, _client(orch, ALICE) as alice, _client(orch, ADMIN) as admin:
         bobs = bob.post("/sandboxes", params={"wait": "true"}, json={"env": {"BOB_TOKEN": SECRET}}).json()["sandbox_id"]
         try:
@@ -197,7 +208,7 @@ def _raw_get(port: int, path: str, header_lines: list[bytes]) -> int | None:
 
 
 def test_garbage_api_keys_are_refused_without_5xx(orch, alice_box):
-    sid, job_id = alice_box
+    sid, job_id, _ = alice_box
     rng = random.Random(11)
     garbage: list[bytes] = [b"", b" ", ALICE.upper().encode(), ALICE[:-1].encode(), ALICE.encode() + b"x",
                             ADMIN[:-1].encode(), b"x" * 100_000, b"\xff\xfe" + ALICE.encode(), ALICE.encode() + b"\x80",

@@ -204,6 +204,9 @@ async def create_sandbox(request: Request, spec: SandboxSpec,
                                                      "within the server's max_wait")] = False) -> dict:
     svc = _svc(request)
     check_labels(spec.labels)
+    if spec.from_snapshot is not None:  # someone else's snapshot is a missing one (snapshots.py)
+        from .snapshots import visible_snapshot
+        await visible_snapshot(request, caller_of(request), spec.from_snapshot)
     record = await svc.sandboxes.create(spec, caller_of(request).owner)
     if wait:
         timeout = _wait_for(request, spec.timeout or svc.settings.ready_timeout)

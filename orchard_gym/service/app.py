@@ -24,6 +24,7 @@ from .api import public, router
 from .pty_route import router as pty_router
 from .services import public as services_public
 from .services import router as services_router
+from .snapshots import router as snapshots_router
 from .auth import KeyRing
 from .errors import status_of
 from .execs import ExecManager
@@ -118,6 +119,7 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
     app.include_router(router)
     app.include_router(pty_router)  # authenticates itself: a WebSocket has no X-API-Key dependency
     app.include_router(services_router)
+    app.include_router(snapshots_router)
     app.include_router(services_public)  # /s/{token}/...: the token is the credential
     _install_error_handlers(app)
     app.add_middleware(RequestContext, metrics=metrics)

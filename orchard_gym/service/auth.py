@@ -18,7 +18,7 @@ from typing import Annotated
 from fastapi import HTTPException, Request, Security
 from fastapi.security import APIKeyHeader
 
-from orchard_gym.errors import InvalidRequest, JobNotFound, SandboxNotFound
+from orchard_gym.errors import InvalidRequest, JobNotFound, SandboxNotFound, SnapshotNotFound
 from orchard_gym.models import SandboxRecord
 
 OWNER_LABEL = "orchard-gym.owner"
@@ -98,6 +98,10 @@ async def check_scope(request: Request, caller: Annotated[Caller, Security(requi
         job = await svc.store.get_job(params["job_id"])
         if job is None or not caller.may_see_owner(getattr(job, "key_owner", None)):
             raise JobNotFound(f"no job {params['job_id']!r}")
+    if "snapshot_id" in params:
+        found = await svc.backend.get_snapshot(params["snapshot_id"])
+        if found is None or not caller.may_see_owner(found.labels.get(OWNER_LABEL)):
+            raise SnapshotNotFound(f"no snapshot {params['snapshot_id'][:80]!r}")
 
 
 def check_labels(labels: dict[str, str]) -> None:

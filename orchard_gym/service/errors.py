@@ -17,6 +17,7 @@ from orchard_gym.errors import (
     SandboxNotFound,
     SandboxTimeout,
     ServiceUnavailable,
+    SnapshotNotFound,
 )
 
 
@@ -29,6 +30,7 @@ _STATUS: list[tuple[type[BaseException], int, str]] = [
     (Conflict, 409, "InvalidRequest"),
     (SandboxNotFound, 404, "SandboxNotFound"),
     (JobNotFound, 404, "JobNotFound"),
+    (SnapshotNotFound, 404, "SnapshotNotFound"),
     (FileNotFoundError, 404, "FileNotFoundError"),
     (FileTooLarge, 413, "FileTooLarge"),
     (ImageNotFound, 422, "ImageNotFound"),

@@ -119,6 +119,9 @@ class Reconciler:
                 await self.execs.fail_orphaned(job_id, owner)
                 done["jobs_failed"] += 1
 
+        from .snapshots import expire_snapshots
+        done["snapshots_expired"] = await expire_snapshots(self.backend, self.settings.snapshot_ttl)
+
         reap = getattr(self.backend, "reap", None)
         if reap is not None:
             reap()

@@ -74,6 +74,8 @@ class ServiceSettings(BaseSettings):
                                           "replicas (default: one derived from redis_url and redis_prefix)")
 
     sandbox_ttl: float = Field(600.0, gt=0, description="seconds without a heartbeat (or any use) before a sandbox is reaped")
+    snapshot_ttl: float = Field(6 * 3600.0, gt=0, description="seconds after which a snapshot is deleted (its "
+                                "client deletes it sooner, when it closes)")
     reconcile_interval: float = Field(10.0, gt=0, description="seconds between reconciliation passes")
     replica_ttl: float | None = Field(None, gt=0, description="a replica silent this long is dead (default 3x reconcile_interval, at least 3 s)")
     ready_timeout: float = Field(120.0, gt=0, description="default seconds for a sandbox to become ready")

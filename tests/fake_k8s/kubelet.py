@@ -3,7 +3,8 @@
 `PodmanKubelet` really runs each pod with Podman (through its Docker-compatible API):
 
 - scheduling: sets spec.nodeName and the PodScheduled condition;
-- volumes: each `emptyDir` is a fresh Podman volume, mode 0777 like a real emptyDir;
+- volumes: each `emptyDir` is a fresh Podman volume, mode 0777 like a real emptyDir; a
+  `hostPath` is a bind mount of that path of this machine (the node);
 - init containers run first, one at a time, without network; a non-zero exit fails the
   pod (restartPolicy Never, the only one sandboxes use);
 - the main containers: command/args, env (value, secretKeyRef read from the store,
@@ -249,8 +250,15 @@ class PodmanKubelet:
         self.store.update("pods", rt.ns, rt.name, lambda p: p["spec"].__setitem__("nodeName", self.node), uid=rt.uid)
         volumes = {}
         for v in spec.get("volumes") or []:
+            if "hostPath" in v:
+                path = v["hostPath"]["path"]
+                if v["hostPath"].get("type") == "Directory" and not os.path.isdir(path):
+                    self._fail(rt, "Pending", f"hostPath type check failed: {path} is not a directory")
+                    return FATAL
+                volumes[v["name"]] = ("bind", path)
+                continue
             if "emptyDir" not in v:
-                self._fail(rt, "Failed", f"fake kubelet: volume {v['name']!r}: only emptyDir is supported")
+                self._fail(rt, "Failed", f"fake kubelet: volume {v['name']!r}: only emptyDir and hostPath are supported")
                 return FATAL
             vname = f"fk8s-{rt.uid[:13]}-{v['name']}"[:60]
             self.api.create_volume(vname, labels={INSTANCE_LABEL: self.instance, "fake-k8s.pod-uid": rt.uid})
@@ -341,8 +349,7 @@ class PodmanKubelet:
                 path = src["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
                                   "metadata.uid": meta["uid"], "spec.nodeName": self.node}.get(path, "")
-        mounts = [docker.types.Mount(m["mountPath"], volumes[m["name"]], type="volume",
-                                     read_only=bool(m.get("readOnly")))
+        mounts = [docker.types.Mount(m["mountPath"], *_source(volumes[m["name"]]), read_only=bool(m.get("readOnly")))
                   for m in c.get("volumeMounts") or []]
         limits = (c.get("resources") or {}).get("limits") or {}
         mem = int(parse_quantity(limits["memory"])) if "memory" in limits else None
@@ -621,3 +628,8 @@ class InstantKubelet:
 
     def shutdown(self) -> None:
         pass
+
+
+def _source(volume) -> tuple[str, str]:
+    """(source, mount type) of a pod volume: a Podman volume's name, or a hostPath's bind."""
+    return (volume[1], "bind") if isinstance(volume, tuple) else (volume, "volume")

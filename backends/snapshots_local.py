@@ -1,0 +1,153 @@
+"""Snapshots of local sandboxes: a frozen copy of the working directory.
+
+A snapshot is `ROOT/.snapshots/<snapshot-id>/` with `meta.json` and `tree/` (the workdir
+as it was). Inside ROOT, so bubblewrap's tmpfs over ROOT hides it from every sandbox.
+Taking one copies the workdir; a sandbox started from one copies `tree/` into its new
+workdir. Copies go through `cp -a --reflink=auto`: on a filesystem with reflinks (btrfs,
+XFS) each file is shared copy-on-write and the cost is the number of files, elsewhere
+(ext4) it is a byte copy. Why not a hardlink tree: writes in place go through every link,
+so a fork would change its snapshot. Why not overlayfs: bubblewrap before 0.9 has no
+overlay options, and an overlay mounted inside the sandbox's namespace leaves the host's
+view of the workdir empty (docs/snapshots.md has the measurements).
+
+Running processes are not part of a snapshot. While the copy runs the sandbox's cgroup
+(where there is one) is frozen, so the tree is one moment's state.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+from orchard_gym.errors import BackendError, SnapshotNotFound
+from orchard_gym.models import SNAPSHOT_ID_RE, SnapshotRecord
+
+from . import procs
+from .base import new_snapshot_id
+
+log = logging.getLogger(__name__)
+SNAPSHOTS_DIR = ".snapshots"  # under the backend's root; sweep and list skip dot-names
+
+
+def copy_tree(src: Path, dst: Path) -> None:
+    """Copy the contents of `src` into the existing folder `dst`, keeping modes, times and
+    links; copy-on-write where the filesystem can."""
+    r = subprocess.run(["cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dst)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BackendError(f"cannot copy {src} to {dst}: {r.stderr.strip()[-500:]}")
+
+
+def tree_size(path: Path) -> int:
+    total = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in filenames + dirnames:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+class LocalSnapshotStore:
+    """Snapshots on disk next to the sandboxes, so any process with the same root finds them."""
+
+    def __init__(self, root: Path, backend_name: str = "local", die_with_client: bool = True):
+        self.root = root / SNAPSHOTS_DIR
+        self.root.mkdir(mode=0o700, exist_ok=True)
+        self.backend_name, self.die_with_client = backend_name, die_with_client
+
+    def _home(self, snapshot_id: str) -> Path:
+        if not isinstance(snapshot_id, str) or not SNAPSHOT_ID_RE.match(snapshot_id):
+            raise SnapshotNotFound(f"no snapshot {str(snapshot_id)[:80]!r} (snapshot ids are 'snap-' + 16 hex digits)")
+        return self.root / snapshot_id
+
+    def _meta(self, snapshot_id: str) -> dict | None:
+        try:
+            return json.loads((self._home(snapshot_id) / "meta.json").read_text())
+        except (OSError, ValueError, SnapshotNotFound):
+            return None
+
+    def _record(self, meta: dict) -> SnapshotRecord:
+        return SnapshotRecord(**{k: meta[k] for k in SnapshotRecord.model_fields if k in meta})
+
+    def take(self, sandbox_meta: dict, freeze=None) -> SnapshotRecord:
+        """Copy the sandbox's workdir into a new snapshot. `freeze`: a context manager that
+        holds the sandbox's processes still during the copy (or None)."""
+        snapshot_id = new_snapshot_id()
+        home = self.root / snapshot_id
+        tmp = self.root / f".{snapshot_id}.tmp"  # renamed into place when complete: never half a snapshot
+        tree = tmp / "tree"
+        tree.mkdir(parents=True, mode=0o700)
+        try:
+            if freeze is not None:
+                with freeze():
+                    copy_tree(Path(sandbox_meta["workdir"]), tree)
+            else:
+                copy_tree(Path(sandbox_meta["workdir"]), tree)
+            meta = {"snapshot_id": snapshot_id, "sandbox_id": sandbox_meta["sandbox_id"], "backend": self.backend_name,
+                    "image": sandbox_meta.get("image"), "created_at": time.time(), "size_bytes": tree_size(tree),
+                    "labels": dict(sandbox_meta.get("labels") or {}), "owner": procs.identity(os.getpid()),
+                    "die_with_client": self.die_with_client}
+            (tmp / "meta.json").write_text(json.dumps(meta))
+            os.rename(tmp, home)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return self._record(meta)
+
+    def restore(self, snapshot_id: str, workdir: Path) -> dict:
+        """Fill the (empty) `workdir` with the snapshot's tree; returns the snapshot's meta."""
+        meta = self._meta(snapshot_id)
+        if meta is None:
+            self._home(snapshot_id)  # a malformed id says so
+            raise SnapshotNotFound(f"no snapshot {snapshot_id!r} (never taken, or deleted)")
+        copy_tree(self.root / snapshot_id / "tree", workdir)
+        return meta
+
+    def get(self, snapshot_id: str) -> SnapshotRecord | None:
+        meta = self._meta(snapshot_id)
+        return self._record(meta) if meta else None
+
+    def list(self) -> list[SnapshotRecord]:
+        out = []
+        for home in sorted(self.root.iterdir()):
+            meta = self._meta(home.name) if SNAPSHOT_ID_RE.match(home.name) else None
+            if meta:
+                out.append(self._record(meta))
+        return out
+
+    def delete(self, snapshot_id: str) -> bool:
+        try:
+            home = self._home(snapshot_id)
+        except SnapshotNotFound:
+            return False
+        if not (home / "meta.json").exists():
+            return False
+        # rename first: a concurrent restore sees it gone, never half-deleted
+        doomed = self.root / f".{snapshot_id}.deleting"
+        try:
+            os.rename(home, doomed)
+        except OSError:
+            return False
+        shutil.rmtree(doomed, ignore_errors=True)
+        return True
+
+    def sweep(self) -> list[str]:
+        """Remove snapshots whose taking process died (when die_with_client) and leftovers
+        of takes that crashed midway."""
+        removed = []
+        for home in self.root.iterdir():
+            if home.name.startswith("."):
+                if time.time() - home.stat().st_mtime > 60:  # a crashed take or delete
+                    shutil.rmtree(home, ignore_errors=True)
+                continue
+            meta = self._meta(home.name)
+            if meta and meta.get("die_with_client") and not procs.alive(meta.get("owner")):
+                if self.delete(home.name):
+                    removed.append(home.name)
+        return removed
