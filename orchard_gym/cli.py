@@ -217,6 +217,13 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
     episodes = episodes or len(ids)
     if best_of_n > 1 and not value_model:
         raise click.UsageError("--best-of needs --value MODEL")
+    if branch_at:
+        from .envs.branching import BranchError, check_branching
+
+        try:
+            check_branching(list(branch_at), branches, max_steps)
+        except BranchError as e:
+            raise click.BadParameter(str(e), param_hint="--branch-at") from None
     schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts * best_of_n)]
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -212,3 +212,25 @@ async def test_run_episodes_branches_and_refuses_impossible_branch_points(client
                            branch_at=1, branches=0)
     assert not await asyncio.wait_for(client.list_sandboxes(), 30)  # nothing left behind
     assert not await asyncio.wait_for(client.list_snapshots(), 30)
+
+
+def test_orchard_eval_branches(local_root, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def orchard(*args):
+        return subprocess.run([sys.executable, "-m", "orchard_gym.cli", "eval", "--env", "Orchard/Toy-v0",
+                               "--env-kwargs", '{"kinds": ["write"], "num_tasks": 1}', "--policy", "oracle",
+                               "--max-steps", "4", *args], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, "ORCHARD_LOCAL_ROOT": str(local_root)})
+
+    out = tmp_path / "tree.jsonl"
+    r = orchard("--branch-at", "1", "--branches", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["metadata"]["branch"]["at"] for row in rows] == [None, 1, 1]
+    assert rows[0]["metadata"]["mc_values"] == {"1": 1.0} and rows[0]["turns"][1]["mc_value"] == 1.0  # the oracle
+    r = orchard("--branch-at", "4", "--out", str(tmp_path / "no.jsonl"))
+    assert r.returncode == 2 and "beyond the episode length" in r.stderr and "Traceback" not in r.stderr
