@@ -152,8 +152,9 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
         messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
         tools = info["tools"]
         tree = EpisodeTree(tree_id=tree_id, task_id=root.task_id, root=root)
+        bound = policy.bind(env) if hasattr(policy, "bind") else policy  # once: the root is one episode
         for k in ks:
-            await play(env, policy, messages, tools, stop_at=k, **kwargs)
+            await play(env, bound, messages, tools, stop_at=k, bind=False, **kwargs)
             if env._done or len(root.turns) < k:
                 tree.points[k] = BranchPoint(at=k, error=f"the root episode ended after {len(root.turns)} turns, "
                                                          f"before turn {k}")
@@ -163,7 +164,7 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
                                                         {"tree": tree_id, "seq": seq, "at": k, "index": i},
                                                         kwargs)) for i in range(branches)]
             tree.points[k] = BranchPoint(at=k)
-        await play(env, policy, messages, tools, **kwargs)
+        await play(env, bound, messages, tools, bind=False, **kwargs)
         await env._release_sandbox()  # the root's sandbox; its snapshots live until the env closes
     for k, tasks in pending.items():
         point = tree.points[k]

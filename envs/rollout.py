@@ -100,10 +100,11 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
 
 async def play(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], *,
                record_messages: bool = False, screenshots: ScreenshotSink | None = None,
-               stop_at: int | None = None) -> Trajectory:
+               stop_at: int | None = None, bind: bool = True) -> Trajectory:
     """Go on with a reset env from the conversation `messages` (extended in place) until the episode
-    ends, or until `stop_at` turns are done (then the env is left live, e.g. to fork it)."""
-    if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
+    ends, or until `stop_at` turns are done (then the env is left live, e.g. to fork it). `bind=False`:
+    the policy is bound to this env already (a later call of the same episode)."""
+    if bind and hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
     done = env._done
     while not done and (stop_at is None or len(env.trajectory.turns) < stop_at):
