@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shutil
 import statistics
 import tempfile
 import time
@@ -79,8 +80,12 @@ def main() -> None:
     args = ap.parse_args()
     backend = {"type": args.backend}
     if args.backend == "local":
-        backend["root"] = tempfile.mkdtemp(prefix="og-snapbench-")
-    asyncio.run(bench(backend, args.task, args.n, args.forks))
+        backend["root"] = tempfile.mkdtemp(prefix="og-snapenv-")
+    try:
+        asyncio.run(bench(backend, args.task, args.n, args.forks))
+    finally:
+        if "root" in backend:
+            shutil.rmtree(backend["root"], ignore_errors=True)
 
 
 if __name__ == "__main__":

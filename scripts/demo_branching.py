@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import shutil
 import tempfile
 import time
 from collections import defaultdict
@@ -50,6 +51,8 @@ def main() -> None:
                                    client=client, concurrency=args.concurrency)
         finally:
             await client.aclose()
+            if "root" in backend:
+                shutil.rmtree(backend["root"], ignore_errors=True)
 
     started = time.monotonic()
     trees = asyncio.run(run())
