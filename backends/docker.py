@@ -282,8 +282,10 @@ class DockerBackend(Backend):
             raise InvalidRequest(f"sandbox {sandbox_id} already exists")
         except derr.NotFound:
             pass
-        if spec.from_snapshot is not None:  # its files, under the task image's name (snapshots_docker.py)
+        agent_volume = None  # a fork mounts the shared, already injected bundle (snapshots_docker.py)
+        if spec.from_snapshot is not None:  # its files, under the task image's name
             image, run_image = self.snapshots.image_for(spec.from_snapshot, spec.image)
+            agent_volume = self.snapshots.agent_volume()
         image_info = self._ensure_image(run_image)
         self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
         if spec.block_network:
@@ -299,7 +301,7 @@ class DockerBackend(Backend):
             self.api.create_volume(name, labels=ours)
             host_config = self.api.create_host_config(
                 init=True,  # reaps zombies; the agent is not PID 1
-                mounts=[docker.types.Mount(AGENT_DIR, name, type="volume", read_only=True)],
+                mounts=[docker.types.Mount(AGENT_DIR, agent_volume or name, type="volume", read_only=True)],
                 nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # no swap beyond the limit: it is a real cap
@@ -322,7 +324,8 @@ class DockerBackend(Backend):
                 if e.status_code == 409:  # lost a race for the name: the volume is the winner's
                     raise _NameTaken from None
                 raise
-            self._inject(name, ours)  # only once the name is ours: never rewrite a winner's bundle
+            if agent_volume is None:
+                self._inject(name, ours)  # only once the name is ours: never rewrite a winner's bundle
             self.api.start(name)
             return self._record(self.api.inspect_container(name))
         except _NameTaken:

@@ -138,9 +138,10 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        source = None
         if spec.from_snapshot is not None:
             try:
-                self.snapshots.restore(spec.from_snapshot, work)
+                source = self.snapshots.restore(spec.from_snapshot, work)
             except BaseException:
                 shutil.rmtree(home, ignore_errors=True)
                 raise
@@ -167,6 +168,8 @@ class LocalBackend(Backend):
             "owner": procs.identity(os.getpid()),
             "die_with_client": self.config.die_with_client,
         }
+        if source is not None and isolation == "bwrap":  # at the snapshot's path, so absolute paths hold
+            meta["sandbox_workdir"] = source["workdir"]
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
@@ -185,7 +188,8 @@ class LocalBackend(Backend):
         work, home = meta["workdir"], Path(meta["workdir"]).parent
         argv = self._argv(meta, spec, fds)
         # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": work, "LANG": "C.UTF-8",
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": meta.get("sandbox_workdir", work),
+               "LANG": "C.UTF-8",
                **spec.env, "ORCHARD_SANDBOX": meta["sandbox_id"]}
         try:
             with open(home / "agent.log", "wb") as logf:
@@ -255,7 +259,8 @@ class LocalBackend(Backend):
     def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
         python, prefix = _python()
         agent_py = os.path.realpath(AGENT_DIR)  # a folder, run as python3 DIR (its __main__.py)
-        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", meta["workdir"],
+        inside = meta.get("sandbox_workdir", meta["workdir"])  # a fork sees its folder at its snapshot's path
+        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", inside,
                  "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
         if cgroup_fds:
             job_dir = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir)
@@ -279,7 +284,7 @@ class LocalBackend(Backend):
         for path in (prefix, agent_py):  # stay reachable even if they live under a hidden folder
             if path.startswith("/tmp/") or path.startswith(str(self.root)):
                 argv += ["--ro-bind", path, path]
-        argv += ["--bind", work, work, "--bind", run, run, "--chdir", work,
+        argv += ["--bind", work, inside, "--bind", run, run, "--chdir", inside,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", meta["sandbox_id"][:63], "--cap-drop", "ALL", "--new-session"]
         if meta["network"] == "none":
@@ -305,11 +310,12 @@ class LocalBackend(Backend):
             memory=meta.get("memory"),
             env=meta.get("env", {}),
             labels=meta.get("labels", {}),
-            workdir=meta["workdir"],
+            workdir=meta.get("sandbox_workdir", meta["workdir"]),
             created_at=meta["created_at"],
             error=error,
             endpoint=AgentEndpoint(uds=meta["socket"], token=meta["token"]),
-            details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid")},
+            details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid"),
+                     "host_workdir": meta["workdir"]},
         )
 
     def _meta(self, sandbox_id: str) -> dict | None:

@@ -90,6 +90,8 @@ class LocalSnapshotStore:
             else:
                 copy_tree(Path(sandbox_meta["workdir"]), tree)
             meta = {"snapshot_id": snapshot_id, "sandbox_id": sandbox_meta["sandbox_id"], "backend": self.backend_name,
+                    # where the sandbox saw its workdir: forks (bubblewrap) see theirs at the same path
+                    "workdir": sandbox_meta.get("sandbox_workdir", sandbox_meta["workdir"]),
                     "image": sandbox_meta.get("image"), "created_at": time.time(), "size_bytes": tree_size(tree),
                     "labels": dict(sandbox_meta.get("labels") or {}), "owner": procs.identity(os.getpid()),
                     "die_with_client": self.die_with_client}

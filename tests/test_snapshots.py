@@ -20,9 +20,18 @@ def test_local_forks_are_independent_copies(local_root):
         check_fork_correctness(client)
         # a sandbox cannot see the snapshot store (it lives under the root bubblewrap hides)
         box = client.create_sandbox()
+        box.exec("pwd > where")
         snap = box.snapshot()
         assert box.exec(f"ls {local_root}/.snapshots/{snap.snapshot_id}").exit_code != 0
         assert (local_root / ".snapshots" / snap.snapshot_id / "tree").is_dir()
+        # a fork sees its own folder at the snapshot's path: absolute paths written before still hold
+        fork = client.create_sandbox(from_snapshot=snap.snapshot_id)
+        assert fork.workdir == box.workdir != fork.record.details["host_workdir"]
+        assert fork.exec("pwd; cat where").stdout == f"{box.workdir}\n{box.workdir}\n"
+        fork.exec("echo mine > f")
+        assert not os.path.exists(f"{box.workdir}/f") and box.exec("ls f").exit_code != 0
+        fork2 = client.create_sandbox(from_snapshot=snap.snapshot_id)  # twice the same path, two folders
+        assert fork2.exec("ls f").exit_code != 0
     # the client that took it is closed: its snapshots went with it
     assert not (local_root / ".snapshots" / snap.snapshot_id).exists()
 
@@ -84,6 +93,9 @@ def test_docker_forks_are_independent_containers():
             assert snap.image == fork.record.image == DOCKER_IMAGES["busybox"]
             with pytest.raises(InvalidRequest, match="is of image"):
                 client.create_sandbox(DOCKER_IMAGES["bookworm"], from_snapshot=snap.snapshot_id)
+            mounts = backend.api.inspect_container(fork.record.details["container"])["Mounts"]
+            agent = next(m for m in mounts if m["Destination"] == "/opt/orchard-agent")
+            assert agent["Name"].startswith("orchard-gym-agent-") and not agent["RW"]  # the shared bundle
 
         check_fork_correctness(client, DOCKER_IMAGES["busybox"], outside="/etc/marker", hook=check_image)
         # deleted while fork B ran on it, the image was only untagged; now nothing uses it: swept
