@@ -192,17 +192,29 @@ def last_user(client) -> bool:
 
 # ------------------------------------------------------------------ set-up snapshots (reset as restore)
 def setup_snapshot_kwargs(env: SandboxEnv, task_id: str) -> dict:
-    """`create_sandbox` kwargs: restore the task's set-up snapshot when the env keeps one."""
-    snap = _state(env)["setup"].get(task_id) if env.snapshot_setup else None
-    return {"from_snapshot": snap.snapshot_id} if snap is not None else {}
+    """`create_sandbox` kwargs: restore the task's set-up snapshot when the env keeps one. The snapshot
+    is taken out of the cache until the restore worked: one that fails (swept, say) is not tried again,
+    the next reset sets the task up afresh."""
+    state = _state(env)
+    failed = state.pop("pending", None)
+    if failed is not None:  # the last restore did not get as far as `setup_or_resume`
+        state["owned"].append(failed)
+    snap = state["setup"].pop(task_id, None) if env.snapshot_setup else None
+    if snap is None:
+        return {}
+    state["pending"] = snap
+    return {"from_snapshot": snap.snapshot_id}
 
 
 async def setup_or_resume(env: SandboxEnv, task_id: str) -> ToolContext:
     """The tool context of a fresh episode: `resume` on a restored set-up, else `setup` (and snapshot it)."""
-    setups = _state(env)["setup"]
-    if env.snapshot_setup and task_id in setups:
-        env.trajectory.metadata["restored_setup"] = setups[task_id].snapshot_id
-        return await env.resume(env.sandbox, env.task, setups[task_id].ctx)
+    state = _state(env)
+    setups = state["setup"]
+    restored = state.pop("pending", None)
+    if restored is not None:
+        setups[task_id] = restored
+        env.trajectory.metadata["restored_setup"] = restored.snapshot_id
+        return await env.resume(env.sandbox, env.task, restored.ctx)
     ctx = await env.setup(env.sandbox, env.task)
     if env.snapshot_setup:
         env._ctx = ctx
@@ -220,7 +232,7 @@ async def release_all(env: SandboxEnv, *, closing: bool) -> None:
     if using is not None:
         await using.release()
     if closing:
-        owned = state["owned"] + list(state["setup"].values())
+        owned = state["owned"] + list(state["setup"].values()) + [s for s in [state.pop("pending", None)] if s]
         state["owned"], state["setup"] = [], {}
         for snap in owned:
             await snap.release()

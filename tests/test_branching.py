@@ -19,6 +19,7 @@ from orchard_gym.envs.branching import BranchError, check_branching, run_trees
 from orchard_gym.envs.rollout import run_episodes
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks
 from orchard_gym.envs.toy.stochastic import StochasticProgressPolicy, progress_tasks, steps_done, success_probability
+from orchard_gym.errors import OrchardError
 
 P = [0.5, 0.3, 0.8]
 NEED = 2
@@ -156,8 +157,16 @@ async def test_reset_as_restore_reuses_the_setup(client):
             await env.astep(bash(task.solution))
             _, reward, terminated, _, _ = await env.astep({"name": "submit", "arguments": {}})
             assert terminated and reward == 1.0
+        await client.delete_snapshot(env.trajectory.metadata["restored_setup"])  # swept behind the env's back
+        with pytest.raises(OrchardError, match="snap-"):
+            await env.areset(options={"task_id": "secret-000"})
+        await env.areset(options={"task_id": "secret-000"})  # set up afresh (and snapshotted again)
+        assert "restored_setup" not in env.trajectory.metadata
+        await env.astep(bash(task.solution))
+        assert (await env.astep({"name": "submit", "arguments": {}}))[1] == 1.0
     finally:
         await env.aclose()
+    assert not await client.list_snapshots()
 
 
 # ------------------------------------------------------------------ branching rollouts
