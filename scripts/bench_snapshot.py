@@ -150,14 +150,15 @@ def main() -> None:
     p.add_argument("--task", default="marshmallow-3.21.1", help="built-in SWE task id")
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()}, cpus: {os.cpu_count()}")
-    cluster = None
+    cluster, scratch = None, []
     for name in args.backends.split(","):
         config: dict = {"type": name}
         if name == "kubernetes":
             from fake_k8s import FakeCluster
 
-            cluster = FakeCluster(Path(tempfile.mkdtemp(prefix="og-snapbench-k8s-")), kubelet="podman")
-            config = cluster.backend_config(snapshot_dir=tempfile.mkdtemp(prefix="og-snapbench-store-"))
+            scratch += [tempfile.mkdtemp(prefix="og-snapbench-k8s-"), tempfile.mkdtemp(prefix="og-snapbench-store-")]
+            cluster = FakeCluster(Path(scratch[-2]), kubelet="podman")
+            config = cluster.backend_config(snapshot_dir=scratch[-1])
         print(f"\n== {name} (task {args.task}) ==", flush=True)
         try:
             rows = asyncio.run(bench_backend(name, config, args.task, args.n))
@@ -165,6 +166,8 @@ def main() -> None:
             if cluster is not None:
                 cluster.stop()
                 cluster = None
+            for path in scratch:
+                shutil.rmtree(path, ignore_errors=True)
         size = rows.pop("size_bytes")
         for label, samples in rows.items():
             print(f"  {label:24s} {_stats(samples)}")

@@ -126,6 +126,9 @@ def test_the_objects_we_build_match_the_kubernetes_schema(instant):
                        backend.allow_policy_manifest("sb-1")]
             if backend.egress_allow_manifest():
                 objects.append(backend.egress_allow_manifest())
+            # a fork's pod: an emptyDir workdir that an init container fills from the snapshot store
+            objects.append(backend.snapshots.restore_into(backend.pod_manifest(spec, "sb-2", "t", "n"),
+                                                          "snap-0123456789abcdef"))
             for obj in objects:
                 kubernetes_validate.validate(obj, SCHEMA_VERSION, strict=True)
             spec_ = pod["spec"]
