@@ -417,7 +417,6 @@ class EpisodeRunner:
         env = self.make_env(client, max_steps, max_seconds)
         policy = _EpisodePolicy(self, list(env.tools))
         kwargs = {} if self.system_prompt is None else {"system_prompt": self.system_prompt}
-        excluded = None
         try:
             if max_seconds is not None:
                 trajectory = await asyncio.wait_for(run_episode(env, policy, task_id, **kwargs),
@@ -433,6 +432,12 @@ class EpisodeRunner:
                 await env.aclose()
             except Exception:  # noqa: BLE001 - cleanup of a sandbox that may be gone
                 pass
+        return self.sample(task_id, trajectory, policy, started, max_steps, max_seconds)
+
+    def sample(self, task_id: str, trajectory: Trajectory, policy: _EpisodePolicy, started: float, max_steps: int,
+               max_seconds: float | None) -> AgentSample:
+        """The training sample of a finished episode: its tokens, masks, and why it is excluded (if it is)."""
+        excluded = None
         if trajectory.error:
             excluded = trajectory.error
         elif (self.drop_over_budget and max_seconds is not None and trajectory.truncated

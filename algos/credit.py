@@ -208,6 +208,20 @@ class LocalJudge(PromptJudge):
         return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+class MonteCarloJudge:
+    """Branching rollouts stand in for the judge: the Monte Carlo values of the entry's states
+    (`metadata["mc_values"]`, envs/branching.py) and its outcome at the end, interpolated between."""
+
+    def __call__(self, entry: PoolEntry) -> list[float]:
+        n = len(entry.actions())
+        keys = {int(k): float(p) for k, p in (entry.metadata.get("mc_values") or {}).items()
+                if p is not None and 0 <= int(k) < n}
+        if not keys:
+            raise JudgeError("no Monte Carlo values (not the root of a branching rollout)")
+        keys[n] = 1.0 if entry.resolved else 0.0
+        return interpolate(keys, n + 1)
+
+
 class ValueJudge:
     """The value model stands in for the judge: V(s_0)..V(s_T) mapped onto [0, 1]."""
 

@@ -85,6 +85,8 @@ class AgentGRPOArgs:
     opd: Any = field(default=None, metadata={"help": "on-policy distillation (algos/opd.py OPDConfig)"})
     rpr: Any = field(default=None, metadata={"help": "rubric-based process reward (algos/rpr.py RPRConfig)"})
     prices: Any = field(default=None, metadata={"help": "cost ledger prices (orchard_gym.ledger.Prices)"})
+    branch_at: int | None = field(default=None, metadata={
+        "help": "fork each group from one root at turn K: advantages of the turns from K on (algos/branch_rollout.py)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.bar, dict):
@@ -103,6 +105,9 @@ class AgentGRPOArgs:
             self.bar = BARConfig(**{**asdict(self.bar), "group_size": self.group_size,
                                     "max_rollouts": max(self.bar.max_rollouts, self.group_size)})
         parse_step_budget(self.step_budget, 100)  # validate early
+        if self.branch_at is not None and (isinstance(self.branch_at, bool) or not isinstance(self.branch_at, int)
+                                           or self.branch_at < 0 or self.algo != "grpo"):
+            raise ValueError("branch_at is a turn >= 0, with algo='grpo' (one root per fixed group)")
         from .dense import check_dense_args
 
         check_dense_args(self)
@@ -286,6 +291,11 @@ class AgentRolloutFunc:
         tried: set[str] = set()
         while True:
             async def run(n: int, task_id=task_id) -> list[AgentSample]:
+                if self.args.branch_at is not None:  # one root, n continuations forked at turn K
+                    from .branch_rollout import run_branched
+
+                    return await run_branched(self.runner, task_id, n, self.args.branch_at, max_steps,
+                                              self.args.max_seconds)
                 return await self.runner.run_many([task_id] * n, max_steps, self.args.max_seconds)
 
             outcome = await self.sampler.sample(run)

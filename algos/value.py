@@ -56,6 +56,17 @@ def terminal_rewards(entry: PoolEntry, steps: int, success: float = 1.0, failure
     return [0.0] * (steps - 1) + [success if entry.resolved else failure]
 
 
+def mc_targets(entry: PoolEntry, gae: Sequence[float], success: float = 1.0, failure: float = -1.0) -> list[float]:
+    """Targets where branching rollouts measured the state's value (`metadata["mc_values"]`, a
+    share of successful continuations, mapped onto the reward scale); the GAE target elsewhere."""
+    mc = entry.metadata.get("mc_values") or {}
+    out = list(gae)
+    for k, p in mc.items():
+        if p is not None and 0 <= int(k) < len(out):
+            out[int(k)] = failure + float(p) * (success - failure)
+    return out
+
+
 @dataclass
 class ValueTrainArgs:
     gamma: float = 0.98
@@ -68,6 +79,8 @@ class ValueTrainArgs:
     val_fraction: float = 0.2
     max_length: int = field(default=4096, metadata={"help": "tokens per trajectory (longer ones: the tail is kept)"})
     bootstrap: bool = False
+    mc_values: bool = field(default=False, metadata={"help": "Monte Carlo values of branching rollouts as targets "
+                                                             "where the entry has them (envs/branching.py)"})
     render_tools: bool = False
     seed: int = 0
 
@@ -214,6 +227,8 @@ def train_value(entries: Sequence[PoolEntry], base_model: str | Path, output_dir
             rewards = terminal_rewards(e, steps, args.success_reward, args.failure_reward)
             out.append({"entry": e, "ids": ids, "ends": ends[:-1], "rewards": rewards,
                         "targets": gae_targets(rewards, None, args.gamma, args.lam)})
+            if args.mc_values:
+                out[-1]["targets"] = mc_targets(e, out[-1]["targets"], args.success_reward, args.failure_reward)
         return out
 
     train_d, val_d = prepare(train_e), prepare(val_e)
@@ -227,6 +242,8 @@ def train_value(entries: Sequence[PoolEntry], base_model: str | Path, output_dir
                 with torch.no_grad():
                     v = model.forward([d["ids"]])[0, d["ends"]].tolist()
                 d["targets"] = gae_targets(d["rewards"], v, args.gamma, args.lam)
+                if args.mc_values:
+                    d["targets"] = mc_targets(d["entry"], d["targets"], args.success_reward, args.failure_reward)
         model.train()
         losses = []
         for batch in _batches(train_d, args.batch_size, rng):

@@ -57,8 +57,7 @@ class LocalSnapshotStore:
     """Snapshots on disk next to the sandboxes, so any process with the same root finds them."""
 
     def __init__(self, root: Path, backend_name: str = "local", die_with_client: bool = True):
-        self.root = root / SNAPSHOTS_DIR
-        self.root.mkdir(mode=0o700, exist_ok=True)
+        self.root = root / SNAPSHOTS_DIR  # made by the first take: a root without snapshots stays as it was
         self.backend_name, self.die_with_client = backend_name, die_with_client
 
     def _home(self, snapshot_id: str) -> Path:
@@ -82,6 +81,7 @@ class LocalSnapshotStore:
         home = self.root / snapshot_id
         tmp = self.root / f".{snapshot_id}.tmp"  # renamed into place when complete: never half a snapshot
         tree = tmp / "tree"
+        self.root.mkdir(mode=0o700, exist_ok=True)
         tree.mkdir(parents=True, mode=0o700)
         try:
             if freeze is not None:
@@ -115,9 +115,15 @@ class LocalSnapshotStore:
         meta = self._meta(snapshot_id)
         return self._record(meta) if meta else None
 
+    def _homes(self) -> list[Path]:
+        try:
+            return list(self.root.iterdir())
+        except FileNotFoundError:  # no snapshot taken yet
+            return []
+
     def list(self) -> list[SnapshotRecord]:
         out = []
-        for home in sorted(self.root.iterdir()):
+        for home in sorted(self._homes()):
             meta = self._meta(home.name) if SNAPSHOT_ID_RE.match(home.name) else None
             if meta:
                 out.append(self._record(meta))
@@ -143,7 +149,7 @@ class LocalSnapshotStore:
         """Remove snapshots whose taking process died (when die_with_client) and leftovers
         of takes that crashed midway."""
         removed = []
-        for home in self.root.iterdir():
+        for home in self._homes():
             if home.name.startswith("."):
                 if time.time() - home.stat().st_mtime > 60:  # a crashed take or delete
                     shutil.rmtree(home, ignore_errors=True)

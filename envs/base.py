@@ -27,6 +27,7 @@ from orchard_gym.errors import AgentUnavailable, OrchardError, SandboxFailed, Sa
 from orchard_gym.ledger import charge_sandbox
 from orchard_gym.trajectory import Trajectory, Turn
 
+from . import forking
 from .actions import ActionError, parse_action
 from .spaces import AgentAction, UnicodeText
 from .tools import Tool, ToolContext, ToolError
@@ -39,11 +40,15 @@ class SandboxEnv(gym.Env):
 
     metadata: ClassVar[dict] = {"render_modes": ["ansi"]}
     env_id: ClassVar[str] = "Orchard/Sandbox-v0"
+    # False where episode state lives in processes a filesystem snapshot loses: fork right after reset only
+    forks_midway: ClassVar[bool] = True
+    per_episode_attrs: ClassVar[tuple[str, ...]] = ()  # attributes a fork must not share (live services)
 
     def __init__(self, *, backend: Any = None, base_url: str | None = None, api_key: str | None = None,
                  client: AsyncSandboxClient | None = None, max_steps: int = 50, max_seconds: float | None = None,
                  exec_timeout: float = 180.0, render_mode: str | None = None,
-                 observation_max_length: int = 100_000, track_fingerprint: bool = True, pool: Any = None):
+                 observation_max_length: int = 100_000, track_fingerprint: bool = True, pool: Any = None,
+                 snapshot_setup: bool = False):
         if render_mode not in (None, "ansi"):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
@@ -51,6 +56,7 @@ class SandboxEnv(gym.Env):
         self.render_mode = render_mode
         self.max_steps, self.max_seconds, self.exec_timeout = max_steps, max_seconds, exec_timeout
         self.track_fingerprint = track_fingerprint
+        self.snapshot_setup = snapshot_setup  # reset as restore: snapshot each task's set-up once (envs/forking.py)
         self.observation_space = UnicodeText(observation_max_length)
         self.action_space = AgentAction(1_000_000)
         if pool is not None:  # warm pools of the client this env makes (orchard_gym.pool)
@@ -105,6 +111,11 @@ class SandboxEnv(gym.Env):
         """A cheap hash of the working tree after a step (None when not tracked)."""
         return None
 
+    async def resume(self, sandbox: AsyncSandboxInstance, task: Any, ctx: ToolContext) -> ToolContext:
+        """The tool context on a sandbox restored from a snapshot whose context was `ctx`. Processes are
+        not kept by snapshots: an env with services restarts them here. Default: `ctx` on the new sandbox."""
+        return forking.default_resume(sandbox, ctx)
+
     # ------------------------------------------------------------------ helpers
     @property
     def tool_schemas(self) -> list[dict]:
@@ -143,6 +154,8 @@ class SandboxEnv(gym.Env):
 
     # ------------------------------------------------------------------ async API
     async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        if options and options.get("snapshot") is not None:
+            return await forking.restore(self, options["snapshot"], seed)
         super().reset(seed=seed)
         await self._release_sandbox()
         task_id = self._choose_task(options)
@@ -150,10 +163,11 @@ class SandboxEnv(gym.Env):
         client = await self._get_client()
         self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id)
         self._started, self._done = time.monotonic(), False
-        self.sandbox = await client.create_sandbox(image=self.image_for(self.task), **self.sandbox_size(self.task))
+        self.sandbox = await client.create_sandbox(image=self.image_for(self.task), **self.sandbox_size(self.task),
+                                                   **forking.setup_snapshot_kwargs(self, task_id))
         self.trajectory.sandbox_id = self.sandbox.sandbox_id
         try:
-            self._ctx = await self.setup(self.sandbox, self.task)
+            self._ctx = await forking.setup_or_resume(self, task_id)
         except BaseException:
             await self._release_sandbox()
             raise
@@ -228,11 +242,22 @@ class SandboxEnv(gym.Env):
             except OrchardError:
                 pass  # already gone
             charge_sandbox(self.trajectory, sandbox)  # its usage, read by delete(), into the episode's ledger
+        await forking.release_all(self, closing=False)
+
+    async def asnapshot(self) -> forking.EnvSnapshot:
+        """Snapshot the episode's state now; `reset(options={"snapshot": snap})` continues from it."""
+        return await forking.take_snapshot(self)
+
+    async def afork(self, n: int) -> list[SandboxEnv]:
+        """`n` envs continuing from this state, each with a copy of the trajectory so far (close them)."""
+        return await forking.fork(self, n)
 
     async def aclose(self) -> None:
         await self._release_sandbox()
+        await forking.release_all(self, closing=True)
         if self._owns_client and self._client is not None:
-            await self._client.aclose()
+            if forking.last_user(self._client):  # forks share the client of the env they came from
+                await self._client.aclose()
             self._client = None
 
     # ------------------------------------------------------------------ sync API
@@ -242,8 +267,14 @@ class SandboxEnv(gym.Env):
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
         return LoopThread.shared().run(self.astep(action))
 
+    def snapshot(self) -> forking.EnvSnapshot:
+        return LoopThread.shared().run(self.asnapshot())
+
+    def fork(self, n: int) -> list[SandboxEnv]:
+        return LoopThread.shared().run(self.afork(n))
+
     def close(self) -> None:
-        if self.sandbox is not None or self._client is not None:
+        if self.sandbox is not None or self._client is not None or self.__dict__.get("_snapshots"):
             LoopThread.shared().run(self.aclose())
 
     def render(self) -> str | None:

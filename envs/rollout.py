@@ -96,20 +96,28 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
     except InvalidRequest as e:
         env.trajectory.error, env.trajectory.ended_at = f"observation failed: {e}", time.time()
         return env.trajectory
-    tools = info["tools"]
-    if hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
+    return await play(env, policy, messages, info["tools"], record_messages=record_messages, screenshots=screenshots)
+
+
+async def play(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], *,
+               record_messages: bool = False, screenshots: ScreenshotSink | None = None,
+               stop_at: int | None = None, bind: bool = True) -> Trajectory:
+    """Go on with a reset env from the conversation `messages` (extended in place) until the episode
+    ends, or until `stop_at` turns are done (then the env is left live, e.g. to fork it). `bind=False`:
+    the policy is bound to this env already (a later call of the same episode)."""
+    if bind and hasattr(policy, "bind"):  # a policy that needs the env itself (e.g. the oracle)
         policy = policy.bind(env)
     bound = ledger.bind(ledger.ledger_of(env.trajectory))  # the policy's record_tokens() land in this episode
     try:
-        return await _turns(env, policy, messages, tools, record_messages, screenshots)
+        return await _turns(env, policy, messages, tools, record_messages, screenshots, stop_at)
     finally:
         ledger.unbind(bound)
 
 
 async def _turns(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], record_messages: bool,
-                 screenshots: ScreenshotSink | None) -> Trajectory:
-    done = False
-    while not done:
+                 screenshots: ScreenshotSink | None, stop_at: int | None) -> Trajectory:
+    done = env._done
+    while not done and (stop_at is None or len(env.trajectory.turns) < stop_at):
         try:
             action = await policy(messages, tools)
         except Exception as e:
@@ -137,11 +145,24 @@ async def _turns(env: SandboxEnv, policy: Policy, messages: list[dict], tools: l
 async def run_episodes(make_env: Callable[[AsyncSandboxClient], SandboxEnv], policy: Policy,
                        task_ids: Sequence[str], *, concurrency: int = 8, client: AsyncSandboxClient | None = None,
                        progress: bool = True, record_messages: bool = False, screenshots: ScreenshotSink | None = None,
-                       on_done: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+                       on_done: Callable[[Trajectory], None] | None = None,
+                       branch_at: int | Sequence[int] | None = None, branches: int = 4) -> list[Trajectory]:
     """Run one episode per task id (repeat ids for several samples), `concurrency` at a time.
-    Results come back in the order of `task_ids`."""
+    Results come back in the order of `task_ids`. With `branch_at` (turn k, or several), each
+    episode forks `branches` continuations at turn k (`envs/branching.py`): every tree's root
+    comes first, then its branches, linked by `metadata["branch"]`; roots carry Monte Carlo values."""
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
+    if branch_at is not None:
+        from .branching import run_trees
+
+        trees = await run_trees(make_env, policy, task_ids, branch_at=branch_at, branches=branches,
+                                concurrency=concurrency, client=client, progress=progress,
+                                record_messages=record_messages, screenshots=screenshots)
+        flat = [t for tree in trees for t in tree.trajectories()]
+        for t in flat if on_done is not None else ():
+            on_done(t)
+        return flat
     own_client = client is None
     client = client or AsyncSandboxClient()
     gate = asyncio.Semaphore(concurrency)

@@ -178,10 +178,13 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--value", "value_model", type=click.Path(exists=True, file_okay=False), default=None,
               help="value model (orchard value train) for --best-of")
 @click.option("--env-kwargs", default="{}", show_default=True, help="extra env kwargs as JSON")
+@click.option("--branch-at", multiple=True, type=click.IntRange(min=0), help="fork --branches continuations at "
+              "this turn (repeatable): Monte Carlo values per turn (docs/branching.md)")
+@click.option("--branches", type=click.IntRange(min=1), default=4, show_default=True)
 @_price_opts
 def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
-             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs, price_cpu_hour,
-             price_1k_tokens) -> None:
+             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs, branch_at,
+             branches, price_cpu_hour, price_1k_tokens) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
@@ -231,6 +234,13 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
     episodes = episodes or len(ids)
     if best_of_n > 1 and not value_model:
         raise click.UsageError("--best-of needs --value MODEL")
+    if branch_at:
+        from .envs.branching import BranchError, check_branching
+
+        try:
+            check_branching(list(branch_at), branches, max_steps)
+        except BranchError as e:
+            raise click.BadParameter(str(e), param_hint="--branch-at") from None
     schedule = [ids[i % len(ids)] for i in range(episodes) for _ in range(attempts * best_of_n)]
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -251,7 +261,8 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
             try:
                 return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,
-                                          on_done=write, screenshots=screenshots)
+                                          on_done=write, screenshots=screenshots,
+                                          branch_at=list(branch_at) or None, branches=branches)
             finally:
                 await client.aclose()
                 if hasattr(agent, "aclose"):
@@ -411,13 +422,15 @@ def train() -> None:
 @click.option("--rpr-judge", default=None, help="process-reward judge: URL#MODEL or a local model folder")
 @click.option("--rpr-rubric", default=None, help="rubric YAML or swe|claw|gui|generic (default: by env)")
 @click.option("--rpr-combine", default="sum:0.5", show_default=True, help="sum:LAMBDA | gated:THRESHOLD | process")
+@click.option("--branch-at", type=click.IntRange(min=0), default=None,
+              help="fork each group from one root at turn K: per-turn advantages (docs/branching.md)")
 @_price_opts
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
                task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, harness, gamma,
-               max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine, price_cpu_hour,
-               price_1k_tokens) -> None:
+               max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine, branch_at,
+               price_cpu_hour, price_1k_tokens) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -437,8 +450,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
     backend_kwargs = _backend_kwargs(backend, api_key)
     harness_kwargs = {}
-    if harness is not None and (opd_teacher or rpr_judge):
-        raise click.UsageError("--harness does not combine with --opd-teacher / --rpr-judge yet")
+    if harness is not None and (opd_teacher or rpr_judge or branch_at is not None):
+        raise click.UsageError("--harness does not combine with --opd-teacher / --rpr-judge / --branch-at yet")
     if harness is not None:  # each rollout a harness run, each recorded call a sample (algos/harness_grpo.py)
         from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training  # noqa: N814
 
@@ -457,7 +470,7 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
             system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
             render_tools=render_tools, seed=seed,
             opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine),
-            prices=price)
+            prices=price, **({"branch_at": branch_at} if branch_at is not None else {}))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -130,9 +130,10 @@ def value_group() -> None:
 @click.option("--max-length", type=click.IntRange(min=8), default=4096, show_default=True)
 @click.option("--bootstrap/--no-bootstrap", default=False, show_default=True,
               help="recompute GAE targets from the model's own values each epoch")
+@click.option("--mc-values", is_flag=True, help="Monte Carlo values of branching rollouts as targets where present")
 @click.option("--seed", type=int, default=0, show_default=True)
 def value_train(pools, model_path, out, gamma, lam, success_reward, failure_reward, epochs, lr, batch_size,
-                val_fraction, max_length, bootstrap, seed) -> None:
+                val_fraction, max_length, bootstrap, mc_values, seed) -> None:
     """Train a value model offline on pool trajectories.
 
     Example: orchard value train --pool pool.jsonl --model runs/tiny --out runs/value
@@ -149,7 +150,7 @@ def value_train(pools, model_path, out, gamma, lam, success_reward, failure_rewa
     entries = _read(pools)
     args = ValueTrainArgs(gamma=gamma, lam=lam, success_reward=success_reward, failure_reward=failure_reward,
                           epochs=epochs, learning_rate=lr, batch_size=batch_size, val_fraction=val_fraction,
-                          max_length=max_length, bootstrap=bootstrap, seed=seed)
+                          max_length=max_length, bootstrap=bootstrap, mc_values=mc_values, seed=seed)
     try:
         summary = train_value(entries, model_path, out, args, log=click.echo)
     except (ValueError, OSError) as e:
@@ -216,6 +217,7 @@ def value_rerank(value_path, pools, policy_id, aggregation, held_out, out, seed)
               help="rise: a local causal LM folder as the judge")
 @click.option("--judge-value", default=None, type=click.Path(exists=True, file_okay=False),
               help="rise: a value model (orchard value train) stands in for the judge")
+@click.option("--judge-mc", is_flag=True, help="rise: Monte Carlo values of branching rollouts (orchard eval --branch-at)")
 @click.option("--judge-prompt", default=None, type=click.Path(exists=True, dir_okay=False),
               help="judge prompt file (default: the packaged one)")
 @click.option("--judge-api-key", envvar="ORCHARD_JUDGE_API_KEY", default=None)
@@ -223,7 +225,8 @@ def value_rerank(value_path, pools, policy_id, aggregation, held_out, out, seed)
 @click.option("--eps", type=float, default=0.05, show_default=True, help="rise threshold on c_t")
 @click.option("--seed", type=int, default=0, show_default=True)
 def train_sft_cmd(pools, model_path, mode, out, steps, lr, batch_size, resolved_only, selection, n_select, repo_cap,
-                  judge, judge_local, judge_value, judge_prompt, judge_api_key, judge_timeout, eps, seed) -> None:
+                  judge, judge_local, judge_value, judge_mc, judge_prompt, judge_api_key, judge_timeout, eps,
+                  seed) -> None:
     """SFT (TRL SFTTrainer) on pool trajectories, loss only on the chosen action tokens.
 
     Example: orchard train sft --pool pool.jsonl --model runs/tiny --mode rise --judge-value runs/value
@@ -241,9 +244,9 @@ def train_sft_cmd(pools, model_path, mode, out, steps, lr, batch_size, resolved_
         entries = select(entries, n_select or len(entries), selection, seed=seed, repo_cap=repo_cap)
     curves = None
     if mode == "rise":
-        judges = [j for j in (judge, judge_local, judge_value) if j]
+        judges = [j for j in (judge, judge_local, judge_value, judge_mc) if j]
         if len(judges) != 1 and any(not e.resolved for e in entries):
-            raise click.UsageError("--mode rise needs exactly one of --judge, --judge-local, --judge-value")
+            raise click.UsageError("--mode rise needs exactly one of --judge, --judge-local, --judge-value, --judge-mc")
         try:
             if judge:
                 j = credit.OpenAIJudge(judge, judge_prompt, api_key=judge_api_key, timeout=judge_timeout)
@@ -253,6 +256,8 @@ def train_sft_cmd(pools, model_path, mode, out, steps, lr, batch_size, resolved_
                 from orchard_gym.algos.value import ValueModel
 
                 j = credit.ValueJudge(ValueModel.load(judge_value))
+            elif judge_mc:
+                j = credit.MonteCarloJudge()
             else:
                 j = None
         except (ValueError, FileNotFoundError) as e:

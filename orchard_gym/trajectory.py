@@ -27,6 +27,9 @@ class Turn(BaseModel):
     messages: list[dict[str, Any]] | None = Field(None, description="the prompt the policy saw, when recorded")
     screenshot: str | None = Field(None, description="image observation after the step (GUI): a data: URL or a "
                                    "path relative to the trajectories file; `orchard view` shows it")
+    mc_value: float | None = Field(None, description="Monte Carlo value of the state before this action: the share "
+                                   "of successful continuations forked there (envs/branching.py)")
+    mc_samples: int | None = Field(None, description="how many continuations `mc_value` is the share of")
 
 
 class Trajectory(BaseModel):

@@ -382,3 +382,40 @@ def test_cli_train_grpo_and_plot(tiny, local_root, tmp_path, monkeypatch):
     assert again.exit_code == 0 and (tmp_path / "c.png").exists()
     bad = CliRunner().invoke(main, ["train", "grpo", "--model", str(path), "--step-budget", "30@5"])
     assert bad.exit_code != 0 and "step budget" in bad.output
+
+
+# ------------------------------------------------------------------ groups forked at turn K (algos/branch_rollout.py)
+class BashOnlyToy(ToyEnv):
+    """No submit tool: every episode runs its whole step budget, so the root always reaches turn K."""
+
+    def make_tools(self):
+        from orchard_gym.envs.tools import BashTool
+
+        return [BashTool()]
+
+
+def test_branched_groups_share_the_prefix_and_train_only_after_it(tiny, local_root):
+    _, model, tok = tiny
+    args = agent_args(local_root, group_size=3, prompts_per_step=1, dynamic_sampling=False, branch_at=1,
+                      sampling=SamplingParams(max_new_tokens=12, max_completion_tokens=2000, linger=0.01))
+    rollout = AgentRolloutFunc(args, tok, task_ids=["write-000"], make_env=lambda c, s, t: BashOnlyToy(
+        tasks=TASKS, client=c, max_steps=s, max_seconds=t))
+    rollout._model = model
+    try:
+        out = rollout.rollout(["write-000"], max_steps=3)
+    finally:
+        rollout.close()
+    samples = rollout.last_slots[0].samples
+    assert len(samples) == 3 and all(s.ok for s in samples), [s.excluded for s in samples]
+    first = samples[0].trajectory.turns[0].action
+    for s, mask in zip(samples, out["env_mask"], strict=True):
+        assert s.trajectory.steps == 3 and s.trajectory.turns[0].action == first  # the root's turn 0
+        assert s.trajectory.metadata["branch"]["at"] == 1
+        actions = [seg for seg in segments(s.action_mask) if seg[0] == 1]
+        assert len(actions) == 3
+        assert set(mask[actions[0][1]:actions[0][2]]) == {0}  # the shared turn: no loss
+        assert all(set(mask[a:b]) == {1} for _, a, b in actions[1:])  # the forked turns train
+        assert s.completion_ids[:actions[1][1]] == samples[0].completion_ids[:actions[1][1]]
+    for bad in ({"branch_at": -1}, {"branch_at": 1, "algo": "bar"}, {"branch_at": True}):
+        with pytest.raises(ValueError, match="branch_at is a turn"):
+            agent_args(local_root, **bad)

@@ -29,7 +29,7 @@ from orchard_gym.client import AsyncSandboxInstance
 from ..base import SandboxEnv
 from ..tools import BashTool, SubmitTool, Tool, ToolContext, ToolError, ToolResult, clip
 from . import checks
-from .deploy import ClawService, ServiceError
+from .deploy import STATE_DIR, ClawService, ServiceError
 from .judge import JudgeFailed, judge, parse_spec
 from .sandbox import claw_tools
 from .sandbox.claw_service import MAX_ARGS
@@ -77,6 +77,7 @@ class ClawEnv(SandboxEnv):
     ("URL#MODEL" of an OpenAI-compatible endpoint, for tasks with judge checks)."""
 
     env_id = "Orchard/Claw-v0"
+    forks_midway = False  # the tool server's world state lives in its process, which snapshots do not keep
 
     def __new__(cls, *args: Any, tasks: Any = "builtin", **kwargs: Any):
         from .harbor import HarborEnv, is_harbor  # Harbor / Terminal-Bench task folders (harbor.py)
@@ -133,6 +134,11 @@ class ClawEnv(SandboxEnv):
         env = {"PATH": f"{path_dir}:/usr/local/bin:/usr/bin:/bin", "CLAW_SOCKET": service.socket}
         return ToolContext(sandbox=sandbox, cwd=sandbox.workdir or "/workspace", env=env,
                            timeout=self.exec_timeout, state={"service": service})
+
+    async def resume(self, sandbox: AsyncSandboxInstance, task: ClawTask, ctx: ToolContext) -> ToolContext:
+        """A restored set-up: the service's files are there, its process is not; start it afresh."""
+        await sandbox.exec(["rm", "-f", f"{sandbox.workdir or '/workspace'}/{STATE_DIR}/claw.sock"], timeout=30)
+        return await self.setup(sandbox, task)
 
     def first_observation(self, task: ClawTask) -> str:
         how = "Use the tools to do it"

@@ -56,6 +56,8 @@ class GUIEnv(SandboxEnv):
     on a docker/kubernetes `backend` the one scripts/build_gui_image.sh builds), `miniwob_dir` (where the sandbox finds MiniWoB's html/)."""
 
     env_id = "Orchard/GUI-v0"
+    forks_midway = False  # the page's state lives in the browser process, which snapshots do not keep
+    per_episode_attrs = ("display",)
     metadata = {"render_modes": ["ansi", "rgb_array"]}
 
     def __init__(self, *, tasks: Any = "builtin", width: int = 1280, height: int = 720,
@@ -197,6 +199,9 @@ class GUIEnv(SandboxEnv):
                 and self.display is not None and isinstance(self.task, GUITask) and self.task.kind == "miniwob")
 
     async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
+        if options and options.get("snapshot") is not None:  # envs/forking.py; `resume` restarts the display
+            obs, info = await super().areset(seed=seed, options=options)
+            return self._observe(obs), info
         gym.Env.reset(self, seed=seed)
         task_id = self._choose_task(options)
         task = self.get_task(task_id)
@@ -223,6 +228,11 @@ class GUIEnv(SandboxEnv):
             if crashes:
                 self.trajectory.metadata["browser_restarts"] = list(crashes)
         return self._observe(text), reward, terminated, truncated, info
+
+    async def resume(self, sandbox: AsyncSandboxInstance, task: GUITask, ctx: ToolContext) -> ToolContext:
+        """A restored set-up: files are there, the display's processes are not; start them afresh."""
+        await sandbox.exec(["rm", "-f", f"{sandbox.workdir or '/workspace'}/.gui/gui.sock"], timeout=30)
+        return await self.setup(sandbox, task)
 
     async def _release_sandbox(self) -> None:
         if self.display is not None:
