@@ -11,8 +11,8 @@ hash, paths or environment. Anything else on the control socket is refused (logg
 closed).
 
 Per request, in the child C1: close every fd but the request socket; read and check the
-request (JSON + fds: the agent's log, the sandbox's cgroup dirs); join the cgroups; setsid;
-unshare the namespaces; fork C2 (pid 1 of the new PID namespace); tell the backend C2's
+request (JSON + fds: the agent's log, the sandbox's cgroup dirs); setsid; unshare the
+namespaces; join the cgroups; fork C2 (pid 1 of the new PID namespace); tell the backend C2's
 pid; exit. C2 sets the sandbox up (zygote_ns; a failure goes to the agent's log, and the
 backend's ready-wait reports it) and runs the agent's main().
 The zygote is a child subreaper: C2s are re-parented to it and reaped here. When the
@@ -128,8 +128,6 @@ def serve_request(conn_fd: int, agent_main) -> None:
         log_fd, cgroup_fds = fds[0], fds[1:]
         from jobs import _write_at  # the agent's own helper
 
-        for fd in cgroup_fds:  # before unshare: every process of the sandbox is in its cgroups
-            _write_at(fd, "cgroup.procs", "0")
         os.setsid()
         import zygote_ns as ns
 
@@ -137,6 +135,10 @@ def serve_request(conn_fd: int, agent_main) -> None:
         if req["network"] == "none":
             flags |= ns.CLONE_NEWNET
         ns.unshare(flags)
+        # after the cgroup namespace (rooted at the backend's cgroup, as bwrap's) and before the
+        # fork: every process of the sandbox is in its cgroups
+        for fd in cgroup_fds:
+            _write_at(fd, "cgroup.procs", "0")
         pid = os.fork()
         if pid == 0:
             conn.close()  # the backend waits for the pid only: C2's failures land in its log
@@ -204,6 +206,12 @@ def _reap() -> None:
             return
 
 
+def _peer_gone(sock: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLIN)
+    return any(ev & (select.POLLHUP | select.POLLERR) for _, ev in poller.poll(0))
+
+
 def _children() -> list[int]:
     try:
         with open(f"/proc/self/task/{os.getpid()}/children") as f:
@@ -251,7 +259,7 @@ def main() -> int:
             continue
         except OSError:
             data, fds = b"", []
-        if not data and not fds:  # EOF: the backend is gone
+        if not data and not fds and _peer_gone(control):  # EOF (not an empty message): the backend is gone
             break
         if data != b"S" or len(fds) != 1:
             print(f"zygote: refused a control message of {len(data)} bytes with {len(fds)} fds", file=sys.stderr,

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where a local sandbox's CPU goes: N sandboxes one at a time (create, 4 execs, delete),
+per spawner (LocalBackendConfig.spawner: bwrap = bwrap + python3 per sandbox, zygote =
+forked from the pre-forked agent), CPU from cgroup accounting, so other users' load on the
+machine does not count.
+
+    sudo python scripts/bench_local_breakdown.py [-n 50] [--spawners bwrap,zygote]
+
+Per spawner, CPU ms per sandbox of: everything (a fresh cpuacct cgroup around the run);
+the client process (SDK + backend: HTTP to the agent, meta.json, cgroup set-up, kills);
+the client's reaped children (bwrap and the agent's interpreter start before it joins its
+cgroup, bwrap path only); the zygote (its forks); the sandboxes' cgroups (the agent once
+it joined, the commands); and wall ms per phase (create to ready, one exec, delete).
+Needs root and a cgroup v1 cpuacct hierarchy (as the local backend's cgroups do here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "scripts"))
+EXECS = 4
+
+
+def _proc_cpu(pid: int, children: bool = False) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run(spawner: str, n: int, root: Path) -> dict:
+    from bench_lifecycle import cpu_accounted
+
+    from orchard_gym import SandboxClient
+
+    os.environ["ORCHARD_LOCAL_SPAWNER"] = spawner
+    phases = {"create": [], "exec": [], "delete": []}
+    with cpu_accounted() as total:
+        own_cgroup = Path("/sys/fs/cgroup/cpuacct") / f"ogb-{os.getpid()}"
+        t0 = os.times()
+        with SandboxClient({"type": "local", "root": str(root)}) as client:
+            client.create_sandbox().delete()  # warm: the zygote's start is not per sandbox
+            zygote = client.backend.zygote.pid if client.backend.zygote else None
+            z0 = _proc_cpu(zygote, children=True) if zygote else 0.0
+            sandboxes0 = _sandbox_cgroups_cpu(own_cgroup)
+            t1 = os.times()
+            for i in range(n):
+                t = time.perf_counter()
+                box = client.create_sandbox()
+                phases["create"].append(time.perf_counter() - t)
+                for k in range(EXECS):
+                    t = time.perf_counter()
+                    assert box.exec(f"echo {i}-{k}").stdout == f"{i}-{k}\n"
+                    phases["exec"].append(time.perf_counter() - t)
+                t = time.perf_counter()
+                box.delete()
+                phases["delete"].append(time.perf_counter() - t)
+            t2 = os.times()
+            sandboxes = _sandbox_cgroups_cpu(own_cgroup) - sandboxes0
+            z = (_proc_cpu(zygote, children=True) - z0) if zygote else 0.0
+        del t0
+    ms = lambda s: s / n * 1000  # noqa: E731
+    return {
+        "client": ms(t2.user + t2.system - t1.user - t1.system),
+        "client children (bwrap, agent start)": ms(t2.children_user + t2.children_system
+                                                   - t1.children_user - t1.children_system),
+        "zygote + its children": ms(z),
+        "sandbox cgroups (agent, commands)": ms(sandboxes),
+        "everything (cgroup of the run)": ms(total[0]) if total else float("nan"),
+        "wall": {k: statistics.median(v) * 1000 for k, v in phases.items()},
+    }
+
+
+def _sandbox_cgroups_cpu(own: Path) -> float:
+    """CPU seconds charged to the sandboxes' parent cgroup (the backend's `orchard-gym`)."""
+    try:
+        return int((own / "orchard-gym" / "cpuacct.usage").read_text()) / 1e9
+    except OSError:
+        return 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-n", type=int, default=50)
+    p.add_argument("--spawners", default="bwrap,zygote")
+    args = p.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="ogb-breakdown-", dir="/tmp"))
+    print(f"{args.n} sandboxes one at a time, create + {EXECS} execs + delete; CPU ms per sandbox "
+          f"(load average {os.getloadavg()[0]:.1f})")
+    for spawner in args.spawners.split(","):
+        r = run(spawner, args.n, base / spawner)
+        print(f"spawner={spawner}")
+        for key, value in r.items():
+            if key != "wall":
+                print(f"  {key:<40} {value:7.1f} ms CPU")
+        print("  wall p50: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["wall"].items())
+              + f"  (load average {os.getloadavg()[0]:.1f})")
+
+
+if __name__ == "__main__":
+    main()
