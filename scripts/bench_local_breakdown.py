@@ -4,7 +4,7 @@ per spawner (LocalBackendConfig.spawner: bwrap = bwrap + python3 per sandbox, zy
 forked from the pre-forked agent), CPU from cgroup accounting, so other users' load on the
 machine does not count.
 
-    sudo python scripts/bench_local_breakdown.py [-n 50] [--spawners bwrap,zygote]
+    sudo python scripts/bench_local_breakdown.py [-n 50] [--spawners bwrap,zygote] [--steps]
 
 Per spawner, CPU ms per sandbox of: everything (a fresh cpuacct cgroup around the run);
 the client process (SDK + backend: HTTP to the agent, meta.json, cgroup set-up, kills);
@@ -80,6 +80,57 @@ def run(spawner: str, n: int, root: Path) -> dict:
     }
 
 
+def steps(n: int = 20) -> None:
+    """The start's parts alone, each n times: fork, unshare, the zygote child's mount set-up,
+    an interpreter start, the agent's imports, bubblewrap (CPU of the reaped children)."""
+    import resource
+    import subprocess
+
+    sys.path[:0] = [str(REPO / "backends"), str(REPO / "orchard_gym" / "agent")]
+    import zygote_ns as ns
+
+    def children() -> float:
+        r = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime
+
+    def show(name: str, one) -> None:
+        c, t = children(), time.perf_counter()
+        for _ in range(n):
+            one()
+        print(f"  {name:<48} wall {(time.perf_counter() - t) / n * 1000:6.1f} ms  "
+              f"CPU {(children() - c) / n * 1000:5.1f} ms")
+
+    def forked(flags: int, mounts: bool = False):
+        def one():
+            pid = os.fork()
+            if pid == 0:
+                ns.unshare(flags)
+                if mounts and os.fork() == 0:  # pid 1 of the new PID namespace
+                    ns.set_up_mounts(work, work, [], [])
+                    os._exit(0)
+                os.wait() if mounts else None
+                os._exit(0)
+            os.waitpid(pid, 0)
+        return one
+
+    work = tempfile.mkdtemp(prefix="ogb-steps-", dir="/tmp")
+    python = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)  # as the backend runs it
+    every = ns.CLONE_NEWNS | ns.CLONE_NEWPID | ns.CLONE_NEWIPC | ns.CLONE_NEWUTS | ns.CLONE_NEWCGROUP | ns.CLONE_NEWNET
+    agent = REPO / "orchard_gym" / "agent"
+    imports = (f"import sys; sys.path.insert(0, {str(agent)!r}); import importlib.util as u; "
+               f"s = u.spec_from_file_location('m', {str(agent / '__main__.py')!r}); s.loader.exec_module(u.module_from_spec(s))")
+    bwrap = ("bwrap --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp --unshare-pid --unshare-ipc --unshare-uts "
+             "--unshare-net --unshare-cgroup-try --cap-drop ALL --new-session --").split()
+    print(f"start steps, {n} times each (load average {os.getloadavg()[0]:.1f})")
+    show("fork", forked(0))
+    show("fork + unshare (mount pid ipc uts cgroup net)", forked(every))
+    show("  + the zygote child's mounts (zygote_ns)", forked(every, mounts=True))
+    show("python3 -I -S -B (empty)", lambda: subprocess.run([python, "-I", "-S", "-B", "-c", "pass"]))
+    show("python3 -I -S -B + the agent's imports", lambda: subprocess.run([python, "-I", "-S", "-B", "-c", imports]))
+    show("bwrap (the local backend's namespaces) /bin/true", lambda: subprocess.run(bwrap + ["/bin/true"]))
+    os.rmdir(work)
+
+
 def _sandbox_cgroups_cpu(own: Path) -> float:
     """CPU seconds charged to the sandboxes' parent cgroup (the backend's `orchard-gym`)."""
     try:
@@ -92,7 +143,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-n", type=int, default=50)
     p.add_argument("--spawners", default="bwrap,zygote")
+    p.add_argument("--steps", action="store_true", help="also time the start's parts alone")
     args = p.parse_args()
+    if args.steps:
+        steps()
     base = Path(tempfile.mkdtemp(prefix="ogb-breakdown-", dir="/tmp"))
     print(f"{args.n} sandboxes one at a time, create + {EXECS} execs + delete; CPU ms per sandbox "
           f"(load average {os.getloadavg()[0]:.1f})")
