@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -150,14 +151,20 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ogb-breakdown-", dir="/tmp"))
     print(f"{args.n} sandboxes one at a time, create + {EXECS} execs + delete; CPU ms per sandbox "
           f"(load average {os.getloadavg()[0]:.1f})")
-    for spawner in args.spawners.split(","):
-        r = run(spawner, args.n, base / spawner)
-        print(f"spawner={spawner}")
-        for key, value in r.items():
-            if key != "wall":
-                print(f"  {key:<40} {value:7.1f} ms CPU")
-        print("  wall p50: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["wall"].items())
-              + f"  (load average {os.getloadavg()[0]:.1f})")
+    try:
+        for spawner in args.spawners.split(","):
+            _report(spawner, run(spawner, args.n, base / spawner))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _report(spawner: str, r: dict) -> None:
+    print(f"spawner={spawner}")
+    for key, value in r.items():
+        if key != "wall":
+            print(f"  {key:<40} {value:7.1f} ms CPU")
+    print("  wall p50: " + ", ".join(f"{k} {v:.1f} ms" for k, v in r["wall"].items())
+          + f"  (load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":
