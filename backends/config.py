@@ -28,6 +28,11 @@ class LocalBackendConfig(BaseModel):
     isolation: Literal["auto", "bwrap", "none"] = Field(
         "auto", description="bwrap: PID/mount/network namespaces; none: a plain process; auto: bwrap when present"
     )
+    spawner: Literal["auto", "zygote", "bwrap"] = Field(
+        default_factory=lambda: os.environ.get("ORCHARD_LOCAL_SPAWNER") or "auto",
+        description="how a bwrap-isolated sandbox starts: zygote (forked from one warm agent, see "
+                    "backends/zygote.py), bwrap (a bwrap + python3 per sandbox), auto: the zygote where it can "
+                    "run (root, Linux 5.12+), else bwrap (default: $ORCHARD_LOCAL_SPAWNER)")
     die_with_client: bool = Field(True, description="kill sandboxes when the creating process dies")
     max_output: int = Field(4 * 1024 * 1024, gt=0, description="bytes of stdout/stderr kept per command")
     cgroups: Literal["auto", "v1", "v2", "off"] = Field(

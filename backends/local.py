@@ -36,6 +36,7 @@ from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
 from .snapshots_local import LocalSnapshotStore
+from .zygote import Zygote, ZygoteChild, unavailable_reason, zygote_request
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,11 @@ class LocalBackend(Backend):
         self.root = (self.config.root or default_root()).resolve()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.bwrap = self._find_bwrap()
+        self.no_zygote_reason = unavailable_reason(self.config.spawner, self.bwrap)
+        if self.no_zygote_reason and self.config.spawner == "zygote":
+            raise BackendError(f"spawner='zygote' but it cannot run here: {self.no_zygote_reason}")
+        self.zygote = None if self.no_zygote_reason else Zygote(
+            _python()[0], os.path.realpath(AGENT_DIR), self.root / "zygote.log", self.config.die_with_client)
         self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
             raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
@@ -114,10 +120,12 @@ class LocalBackend(Backend):
 
     # ------------------------------------------------------------------ create
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
-        if self.config.die_with_client:
+        if self.config.die_with_client and self.zygote is None:
             return self._create(spec)  # here: bubblewrap's --die-with-parent follows the spawning thread
         # Nothing ties the sandbox to a thread: keep the event loop free while the folders are
         # made and the child starts (tens of ms on a busy host, stalling every other request).
+        if self.zygote is not None:  # its own threads: a create waits on the zygote, not on the CPU
+            return await asyncio.get_running_loop().run_in_executor(self.zygote.executor, self._create, spec)
         return await asyncio.to_thread(self._create, spec)
 
     def _create(self, spec: SandboxSpec) -> SandboxRecord:
@@ -186,15 +194,26 @@ class LocalBackend(Backend):
     def _spawn(self, meta: dict, spec: SandboxSpec, fds: list[int]) -> None:
         """Start the sandbox's agent (closing the cgroup fds it was handed) and record its pid."""
         work, home = meta["workdir"], Path(meta["workdir"]).parent
-        argv = self._argv(meta, spec, fds)
         # reserved names last: a spec's env never renames the sandbox (SandboxSpec refuses them too)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": meta.get("sandbox_workdir", work),
                "LANG": "C.UTF-8",
                **spec.env, "ORCHARD_SANDBOX": meta["sandbox_id"]}
+        # a fork (from_snapshot) sees its folder at its snapshot's path, a bind only bubblewrap
+        # makes (the zygote binds paths onto themselves): forks take the bwrap path
+        zygote = self.zygote if meta.get("sandbox_workdir", work) == work else None
+        meta["spawner"] = "zygote" if zygote else ("bwrap" if self.bwrap else "process")
         try:
             with open(home / "agent.log", "wb") as logf:
-                proc = subprocess.Popen(argv, env=env, cwd=work, stdin=subprocess.DEVNULL, stdout=logf,
-                                        stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
+                if zygote:  # forked from the warm agent, set up as the bwrap line below would
+                    job = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir) if fds else None
+                    dirs = [str(d) for d in SandboxCgroup.from_meta(meta["cgroup"]).unique_dirs] if fds else []
+                    hide, keep = self._hidden_and_kept()
+                    req = zygote_request(meta, env, self._agent_args(meta, spec), hide, keep, len(fds),
+                                         dirs.index(job) if fds else None)
+                    proc = ZygoteChild(self.zygote.spawn(req, [logf.fileno(), *fds]))
+                else:
+                    proc = subprocess.Popen(self._argv(meta, spec, fds), env=env, cwd=work, stdin=subprocess.DEVNULL,
+                                            stdout=logf, stderr=subprocess.STDOUT, start_new_session=True, pass_fds=fds)
         finally:
             for fd in fds:
                 os.close(fd)
@@ -256,23 +275,36 @@ class LocalBackend(Backend):
                 "memory": by("memory", spec.memory, "rlimit-as (address space of each process)"),
                 "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)")}
 
+    def _agent_args(self, meta: dict, spec: SandboxSpec) -> list[str]:
+        """The agent's options but the cgroup fds and --exit-with-parent."""
+        agent = ["--socket", meta["socket"], "--cwd", meta.get("sandbox_workdir", meta["workdir"]),
+                 "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
+        # without a cgroup that enforces them: today's per-process stand-ins
+        if spec.memory is not None and not self._enforced_by_cgroup(meta, "memory"):
+            agent += ["--limit-memory", str(spec.memory_bytes)]
+        if spec.cpu is not None and not self._enforced_by_cgroup(meta, "cpu"):
+            agent += ["--limit-cpus", str(spec.cpu)]
+        return agent
+
+    def _hidden_and_kept(self) -> tuple[list[str], list[str]]:
+        """Folders covered by a tmpfs besides /tmp (the other sandboxes and their tokens), and
+        the interpreter and agent folders bound back when they live under a hidden one."""
+        _, prefix = _python()
+        hide = [] if str(self.root).startswith("/tmp/") else [str(self.root)]
+        keep = [p for p in (prefix, os.path.realpath(AGENT_DIR)) if p.startswith("/tmp/") or p.startswith(str(self.root))]
+        return hide, keep
+
     def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
         python, prefix = _python()
         agent_py = os.path.realpath(AGENT_DIR)  # a folder, run as python3 DIR (its __main__.py)
         inside = meta.get("sandbox_workdir", meta["workdir"])  # a fork sees its folder at its snapshot's path
-        agent = [python, "-I", "-S", agent_py, "--socket", meta["socket"], "--cwd", inside,
-                 "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
+        agent = [python, "-I", "-S", agent_py, *self._agent_args(meta, spec)]
         if cgroup_fds:
             job_dir = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir)
             dirs = [str(d) for d in SandboxCgroup.from_meta(meta["cgroup"]).unique_dirs]
             for fd in cgroup_fds:
                 agent += ["--cgroup-fd", str(fd)]
             agent += ["--job-cgroup-fd", str(cgroup_fds[dirs.index(job_dir)])]
-        # without a cgroup that enforces them: today's per-process stand-ins
-        if spec.memory is not None and not self._enforced_by_cgroup(meta, "memory"):
-            agent += ["--limit-memory", str(spec.memory_bytes)]
-        if spec.cpu is not None and not self._enforced_by_cgroup(meta, "cpu"):
-            agent += ["--limit-cpus", str(spec.cpu)]
         if self.config.die_with_client:
             agent.append("--exit-with-parent")
         if not self.bwrap:
@@ -315,7 +347,8 @@ class LocalBackend(Backend):
             error=error,
             endpoint=AgentEndpoint(uds=meta["socket"], token=meta["token"]),
             details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid"),
-                     "host_workdir": meta["workdir"]},
+                     "host_workdir": meta["workdir"],
+                     "spawner": meta.get("spawner", "bwrap" if meta["isolation"] == "bwrap" else "process")},
         )
 
     def _meta(self, sandbox_id: str) -> dict | None:
@@ -350,6 +383,8 @@ class LocalBackend(Backend):
         return {
             "backend": self.name,
             "isolation": "bwrap" if self.bwrap else "none",
+            "spawner": {"zygote": self.zygote.describe()} if self.zygote else
+                       f"{'bwrap' if self.bwrap else 'process'} (no zygote: {self.no_zygote_reason})",
             "cgroups": self.cgroups.describe() if self.cgroups else f"off: {self.no_cgroups_reason}",
             "cpus": os.cpu_count(),
             "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -457,6 +492,8 @@ class LocalBackend(Backend):
 
     async def aclose(self) -> None:
         self._procs.clear()
+        if self.zygote is not None:
+            await asyncio.to_thread(self.zygote.close)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -5,6 +5,7 @@ baseline, in-process (the SDK driving the backend directly).
 
     python scripts/bench_lifecycle.py [-n 1000] [-c 100] [--backend local|docker]
                                       [--only orchestrator|inprocess] [--redis]
+                                      [--spawners bwrap,zygote --only inprocess]
 
 Prints, per variant: success rate, wall time, commands/s, p50/p95 create and exec latency,
 and what leaked after the run (processes still carrying a sandbox's marker, sandbox folders
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -157,6 +159,35 @@ def orchestrated(args, root: Path) -> dict:
     return result
 
 
+@contextlib.contextmanager
+def cpu_accounted():
+    """Run the block in a fresh cpuacct cgroup (v1; root) and yield [CPU seconds] of everything
+    in it afterwards: this process, bubblewrap, the zygote, every sandbox (their cgroups nest
+    below). The machine's load from others does not count. Yields [] where it cannot."""
+    acct = Path("/sys/fs/cgroup/cpuacct")
+    used: list[float] = []
+    mine = acct / f"ogb-{os.getpid()}"
+    try:
+        mine.mkdir()
+        (mine / "cgroup.procs").write_text("0")
+    except OSError:
+        yield used
+        return
+    try:
+        yield used
+    finally:
+        used.append(int((mine / "cpuacct.usage").read_text()) / 1e9)
+        (acct / "cgroup.procs").write_text("0")
+        for _ in range(50):  # leftover sandbox cgroups go with their processes
+            try:
+                for d in sorted(mine.rglob("*/"), key=lambda p: -len(p.parts)):
+                    d.rmdir()
+                mine.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def _cpu_seconds(pid: int) -> float:
     """user+system CPU seconds a process has used (not its children)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -188,6 +219,8 @@ def main() -> None:
     p.add_argument("--redis", action="store_true", help="orchestrator state in a local redis-server")
     p.add_argument("--log-level", default="WARNING", help="the orchestrator's (INFO logs every request)")
     p.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    p.add_argument("--spawners", help="local, in-process only: one run per spawner, e.g. bwrap,zygote "
+                                      "(LocalBackendConfig.spawner; see docs/backends.md)")
     args = p.parse_args()
 
     base = Path(tempfile.mkdtemp(prefix="ogb-", dir="/tmp"))
@@ -204,7 +237,17 @@ def main() -> None:
             from bench_k8s import k8s_lifecycle_rows
 
             print_rows(k8s_lifecycle_rows(args))
-        if args.only in (None, "inprocess"):
+        for spawner in (args.spawners.split(",") if args.spawners else []):  # local: old path vs zygote
+            os.environ["ORCHARD_LOCAL_SPAWNER"] = spawner  # LocalBackendConfig's default
+            (base / f"in-{spawner}").mkdir(exist_ok=True)
+            load = os.getloadavg()[0]
+            label = f"in-process (spawner={spawner})"
+            with cpu_accounted() as used:
+                results[label] = inprocess(args, base / f"in-{spawner}")
+            cpu = f"CPU {used[0]:.1f}s in all ({used[0] / args.n * 1000:.1f} ms per sandbox), " if used else ""
+            print(report(label, results[label]) + f"\n{'':<28} {cpu}load average {load:.1f} before, "
+                  f"{os.getloadavg()[0]:.1f} after", flush=True)
+        if args.only in (None, "inprocess") and not args.spawners:
             (base / "in").mkdir()
             results["in-process (baseline)"] = inprocess(args, base / "in")
             print(report("in-process (baseline)", results["in-process (baseline)"]), flush=True)
@@ -213,7 +256,7 @@ def main() -> None:
             label = "orchestrator" + (" (redis)" if args.redis else "")
             results[label] = orchestrated(args, base / "orch")
             print(report(label, results[label]), flush=True)
-        if len(results) == 2:
+        if len(results) == 2 and not args.spawners:
             (a, ra), (b, rb) = results.items()
             print(f"orchestrator / in-process: wall x{rb['wall'] / ra['wall']:.2f}, "
                   f"exec p50 x{pct(rb['exec'], 50) / pct(ra['exec'], 50):.2f}, "

@@ -207,7 +207,8 @@ def test_a_start_that_loses_bwraps_mount_race_is_started_again(local_root, tmp_p
     """))
     wrapper.chmod(0o755)
     monkeypatch.setattr(local_backend.shutil, "which", lambda name: str(wrapper) if name == "bwrap" else real)
-    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "bwrap"}) as client:
+    config = {"type": "local", "root": str(local_root), "isolation": "bwrap", "spawner": "bwrap"}  # the zygote has no race
+    with SandboxClient(config) as client:
         box = client.create_sandbox()
         assert box.exec("echo up").stdout == "up\n"
         assert len(count.read_text().splitlines()) == 3  # two lost races, then the start that worked
