@@ -154,6 +154,18 @@ async def latency(client, steps: int, rounds: int = 5) -> dict:
             out[f"ratio_p50_{key}"] = out[label]["p50_ms"] / bare50
             out[f"ratio_p95_{key}"] = out[label]["p95_ms"] / bare95
         out["shared_frames"] = getattr(env.display, "shared_frames", False)
+        # where a step's time goes: the daemon's stages (profile_ms), the request round trip as the
+        # host sees it (socket, JSON, the frame to RGB), and the env's step on top of it
+        env.settle = env._ctx.state["settle"] = 0
+        stages: dict[str, list[float]] = {}
+        for i in range(per):
+            t = time.perf_counter()
+            head, _ = await env.display.request({"op": "act", "settle": 0, "profile": True,
+                                                 "action": {"name": "mouse_move", "coordinate": [640 + i % 10, 650]}})
+            stages.setdefault("request_round_trip", []).append((time.perf_counter() - t) * 1e3)
+            for name, ms in (head.get("profile_ms") or {}).items():
+                stages.setdefault(f"daemon_{name}", []).append(ms)
+        out["profile_p50_ms"] = {name: round(pct(v, 50), 2) for name, v in stages.items()}
         head, _ = await env.display.request({"op": "memory"})
         out["sandbox_pss_mib"] = head["pss_kib"] / 1024
         out["grab_method"] = env.display.hello["grab"]

@@ -250,7 +250,7 @@ class Daemon:
         return r.stdout.split()
 
     def wait_for_window(self, before: list[str], proc: subprocess.Popen, argv: list[str],
-                        timeout: float = 120) -> str:
+                        timeout: float = 60) -> str:
         """The program's window, once it is on screen. Under heavy load a program can take
         tens of seconds to map it; an episode must not start before it (what is typed into
         a screen without the window is lost), so no window at all is an error."""
@@ -468,6 +468,7 @@ class Daemon:
         """One request. frame_buf: the client's shared frame buffer (the pixels go there)."""
         op = req.get("op")
         page = None
+        marks = [("start", time.perf_counter())] if req.get("profile") else None  # bench_gui: where time goes
         with self.lock:
             self.check_health()
             reply: dict = {"ok": True}
@@ -478,7 +479,11 @@ class Daemon:
                         reply["note"] = note
                 except (ValueError, cdp.CDPError, OSError, subprocess.TimeoutExpired) as e:
                     reply = {"ok": False, "error": str(e)}
+                if marks:
+                    marks.append(("action", time.perf_counter()))
                 page = self.settle_and_read(req.get("settle", "frame"))
+                if marks:
+                    marks.append(("settle_and_page_state", time.perf_counter()))
                 if page is None:
                     self.check_health()
                 if self.cfg.get("done_expr") and "chromium" in self.procs:
@@ -521,6 +526,8 @@ class Daemon:
             if self.restarts:
                 reply["restarted"], self.restarts = self.restarts, []
             frame = b""
+            if marks:
+                marks.append(("state", time.perf_counter()))
             if op in ("act", "shot"):
                 reply.update(width=self.width, height=self.height)
                 if frame_buf is not None:
@@ -529,6 +536,9 @@ class Daemon:
                 else:
                     _, _, frame = self.grabber.grab()
                     reply["frame"] = len(frame)
+            if marks:
+                marks.append(("grab", time.perf_counter()))
+                reply["profile_ms"] = {name: round((t - marks[i][1]) * 1e3, 3) for i, (name, t) in enumerate(marks[1:])}
             return reply, frame
 
     def stop(self) -> None:
