@@ -185,7 +185,7 @@ async def concurrent(client, n: int) -> dict:
         colours = [(37 * i % 256, 255 - 29 * i % 256, 80 + 17 * i % 176) for i in range(n)]
         for e, c in zip(envs, colours):  # through the env's own action space: goto a data-less colour page
             await e.display.evaluate(f"document.body.style.background = 'rgb{c}'")
-        shots = await asyncio.gather(*(e.display.shot() for e in envs))
+        shots = await asyncio.gather(*(e.display.shot(settle="frame") for e in envs))  # once painted
         seen = [tuple(int(v) for v in frame[700, 1270]) for _, frame in shots]
         mem = await asyncio.gather(*(e.display.request({"op": "memory"}) for e in envs))
         return {"sandboxes": n, "start_all_s": started, "displays": displays, "painted": colours, "seen": seen,
