@@ -99,14 +99,9 @@ async def random_rate(client, task_ids: list[str], episodes: int, max_steps: int
     return {"episodes": total, "solved": solved, "rate": solved / max(total, 1), "max_steps": max_steps}
 
 
-async def latency(client, steps: int) -> dict:
+async def latency(client, steps: int, rounds: int = 5) -> dict:
     """Env steps (action + screenshot through the daemon) against the bare pair, in the same sandbox and
     display: `xdotool mousemove` as a process plus one XShm grab (the daemon's grabber, in-process)."""
-    import subprocess
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "envs" / "gui" / "sandbox"))
-    import xgrab
-
     out: dict = {}
     env = GUIEnv(client=client, max_steps=10 * steps + 10)
     try:
@@ -124,19 +119,9 @@ async def latency(client, steps: int) -> dict:
         display = env.display.hello["display"]
         if not env.display.direct:
             raise SystemExit("the latency bench needs the local backend's direct socket")
-        # the bare pair runs on the host against the sandbox's display socket (Xvfb listens in the sandbox's /tmp)
-        x_socket = f"/tmp/.X11-unix/X{display[1:]}"
-        sandbox_tmp = None
-        for settle, label in ((0, "env_settle0"), ("frame", "env_settle_frame")):
-            env.settle = env._ctx.state["settle"] = settle
-            times = []
-            for i in range(steps):
-                t = time.perf_counter()
-                await env.astep({"name": "mouse_move", "arguments": {"coordinate": [0.5 + (i % 10) / 100, 0.9]}})
-                times.append(time.perf_counter() - t)
-            out[label] = {"p50_ms": pct(times, 50) * 1e3, "p95_ms": pct(times, 95) * 1e3}
-        # the bare pair, inside the same sandbox (its display is private to it): one command that
-        # loops xdotool + an XShm grab, timing each pair
+        # the bare pair, inside the same sandbox (its display is private to it): a command that
+        # loops xdotool + an XShm grab, timing each pair. Env steps and bare pairs alternate in
+        # rounds, so a change in the host's load hits both alike.
         script = ("import sys, time, subprocess; sys.path.insert(0, sys.argv[1]); import xgrab\n"
                   "g = xgrab.Grabber(sys.argv[2]); out = []\n"
                   "for i in range(int(sys.argv[3])):\n"
@@ -146,18 +131,44 @@ async def latency(client, steps: int) -> dict:
                   "print(' '.join(map(str, out)))\n")
         home = env.display.home
         await env.sandbox.upload_content(script.encode(), f"{home}/bare.py")
-        r = await env.sandbox.exec([*env.display.python, f"{home}/bare.py", home, display, str(steps)],
-                                   env={"DISPLAY": display}, timeout=600)
-        bare = [float(v) for v in r.stdout.split()]
-        if not bare:
-            raise SystemExit(f"the bare pair failed: {r.stderr[-500:]}")
-        out["bare_xdotool_plus_grab"] = {"p50_ms": pct(bare, 50) * 1e3, "p95_ms": pct(bare, 95) * 1e3}
-        out["ratio_p50_settle0"] = out["env_settle0"]["p50_ms"] / out["bare_xdotool_plus_grab"]["p50_ms"]
-        out["ratio_p50_settle_frame"] = out["env_settle_frame"]["p50_ms"] / out["bare_xdotool_plus_grab"]["p50_ms"]
+        rounds = max(1, min(rounds, steps))
+        per = max(1, steps // rounds)
+        times: dict[str, list[float]] = {"env_settle0": [], "env_settle_frame": [], "bare_xdotool_plus_grab": []}
+        for r_i in range(rounds):
+            for settle, label in ((0, "env_settle0"), ("frame", "env_settle_frame")):
+                env.settle = env._ctx.state["settle"] = settle
+                for i in range(per):
+                    t = time.perf_counter()
+                    await env.astep({"name": "mouse_move", "arguments": {"coordinate": [0.5 + (i % 10) / 100, 0.9]}})
+                    times[label].append(time.perf_counter() - t)
+            r = await env.sandbox.exec([*env.display.python, f"{home}/bare.py", home, display, str(per)],
+                                       env={"DISPLAY": display}, timeout=600)
+            bare = [float(v) for v in r.stdout.split()]
+            if not bare:
+                raise SystemExit(f"the bare pair failed: {r.stderr[-500:]}")
+            times["bare_xdotool_plus_grab"] += bare
+        for label, values in times.items():
+            out[label] = {"p50_ms": pct(values, 50) * 1e3, "p95_ms": pct(values, 95) * 1e3, "n": len(values)}
+        bare50, bare95 = out["bare_xdotool_plus_grab"]["p50_ms"], out["bare_xdotool_plus_grab"]["p95_ms"]
+        for label, key in (("env_settle0", "settle0"), ("env_settle_frame", "settle_frame")):
+            out[f"ratio_p50_{key}"] = out[label]["p50_ms"] / bare50
+            out[f"ratio_p95_{key}"] = out[label]["p95_ms"] / bare95
+        out["shared_frames"] = getattr(env.display, "shared_frames", False)
+        # where a step's time goes: the daemon's stages (profile_ms), the request round trip as the
+        # host sees it (socket, JSON, the frame to RGB), and the env's step on top of it
+        env.settle = env._ctx.state["settle"] = 0
+        stages: dict[str, list[float]] = {}
+        for i in range(per):
+            t = time.perf_counter()
+            head, _ = await env.display.request({"op": "act", "settle": 0, "profile": True,
+                                                 "action": {"name": "mouse_move", "coordinate": [640 + i % 10, 650]}})
+            stages.setdefault("request_round_trip", []).append((time.perf_counter() - t) * 1e3)
+            for name, ms in (head.get("profile_ms") or {}).items():
+                stages.setdefault(f"daemon_{name}", []).append(ms)
+        out["profile_p50_ms"] = {name: round(pct(v, 50), 2) for name, v in stages.items()}
         head, _ = await env.display.request({"op": "memory"})
         out["sandbox_pss_mib"] = head["pss_kib"] / 1024
         out["grab_method"] = env.display.hello["grab"]
-        del sandbox_tmp, x_socket, xgrab, subprocess
     finally:
         await env.aclose()
     return out
@@ -174,7 +185,7 @@ async def concurrent(client, n: int) -> dict:
         colours = [(37 * i % 256, 255 - 29 * i % 256, 80 + 17 * i % 176) for i in range(n)]
         for e, c in zip(envs, colours):  # through the env's own action space: goto a data-less colour page
             await e.display.evaluate(f"document.body.style.background = 'rgb{c}'")
-        shots = await asyncio.gather(*(e.display.shot() for e in envs))
+        shots = await asyncio.gather(*(e.display.shot(settle="frame") for e in envs))  # once painted
         seen = [tuple(int(v) for v in frame[700, 1270]) for _, frame in shots]
         mem = await asyncio.gather(*(e.display.request({"op": "memory"}) for e in envs))
         return {"sandboxes": n, "start_all_s": started, "displays": displays, "painted": colours, "seen": seen,
@@ -194,6 +205,7 @@ async def main() -> None:
     ap.add_argument("--episodes", type=int, default=2)
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--max-steps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=5, help="--latency: env steps and bare pairs alternate in rounds")
     ap.add_argument("--out")
     args = ap.parse_args()
     ids = sorted(load_tasks("builtin"))
@@ -211,7 +223,7 @@ async def main() -> None:
                                                  args.episodes, args.max_steps)
             print("random:", json.dumps(report["random"]))
         if args.latency:
-            report["latency"] = await latency(client, args.steps)
+            report["latency"] = await latency(client, args.steps, args.rounds)
             print("latency:", json.dumps(report["latency"], indent=1))
         if args.concurrent:
             report["concurrent"] = await concurrent(client, args.concurrent)

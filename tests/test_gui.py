@@ -86,6 +86,8 @@ def test_check_env_clean(env):
 
 def test_click_changes_the_screenshot_where_it_clicked(env):
     obs, _ = env.reset(seed=3, options={"task_id": "miniwob/click-checkboxes"})
+    # the local backend's frames come through the daemon's shared memory file, not the socket
+    assert env.display.direct and env.display.shared_frames
     boxes = run(env.display.evaluate(
         "[...document.querySelectorAll('#boxes input')].map(e => { const r = e.getBoundingClientRect();"
         "return [r.x, r.y, r.width, r.height]; })"))
@@ -154,6 +156,8 @@ def test_oracle_solves(env, task_id):
 
 @pytest.mark.parametrize("task_id", DESKTOP_SUBSET)
 def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
+    """Each desktop case is a new sandbox (Xvfb, openbox, the programs); the do-nothing run,
+    which only shows the checks can fail, is done once (the first task) to keep CI short."""
     async def both():
         async with AsyncSandboxClient({"type": "local", "root": str(root)}) as client:
             env = GUIEnv(client=client, tasks="desktop")
@@ -163,25 +167,27 @@ def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
                 async def give_up(messages, tools):
                     return {"name": "terminate", "arguments": {"status": "success"}}
 
-                unsolved = await run_episode(env, give_up, task_id, seed=0)
+                unsolved = await run_episode(env, give_up, task_id, seed=0) if task_id == DESKTOP_SUBSET[0] else None
             finally:
                 await env.aclose()
         return solved, unsolved
 
     solved, unsolved = run(both())
     assert solved.error is None and solved.reward == 1.0, solved.report
-    assert unsolved.reward == 0.0 and not all(c["passed"] for c in unsolved.report["checks"])
+    if unsolved is not None:
+        assert unsolved.reward == 0.0 and not all(c["passed"] for c in unsolved.report["checks"])
 
 
-def test_step_budget_truncates(root):
-    env = GUIEnv(backend={"type": "local", "root": str(root)}, tasks="miniwob", max_steps=2)
+def test_step_budget_truncates(env):
+    budget = env.max_steps  # the module's env (a warm reset), with a budget of 2 for this episode
+    env.max_steps = 2
     try:
         env.reset(seed=0, options={"task_id": "miniwob/click-test"})
         env.step({"name": "mouse_move", "arguments": {"coordinate": [0.9, 0.9]}})
         obs, reward, terminated, truncated, info = env.step({"name": "wait", "arguments": {"seconds": 0}})
         assert truncated and not terminated and "step budget of 2" in info["truncation"]
     finally:
-        env.close()
+        env.max_steps = budget
 
 
 def test_bad_configuration_is_refused():
@@ -257,3 +263,45 @@ def test_docker_miniwob_screenshot_and_oracle():
         assert trajectory.error is None and trajectory.reward == 1.0, trajectory.report
     finally:
         e.close()
+
+
+def test_the_terminal_readiness_probe_sees_a_shell_wait_for_input():
+    """The desktop start-up's probe (gui_daemon.foreground_shells / waiting_for_input) on a real
+    bash in a real pty: ready at its prompt, not ready while a command runs in the foreground."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from orchard_gym.envs.gui.sandbox import gui_daemon
+
+    def until(predicate, timeout=30.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        return predicate()
+
+    # pty.spawn: bash on a new pty (its controlling tty), our pipe copied to it as the keyboard
+    proc = subprocess.Popen([sys.executable, "-c", "import pty; pty.spawn(['bash', '--noprofile', '--norc'])"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, "PS1": "$ "})
+    try:
+        shells = until(lambda: gui_daemon.foreground_shells(proc.pid))
+        assert len(shells) == 1 and open(f"/proc/{shells[0]}/comm").read().strip() == "bash"
+        assert until(lambda: gui_daemon.waiting_for_input(shells[0]))
+        proc.stdin.write(b"sleep 30\n")
+        proc.stdin.flush()
+        busy = until(lambda: [p for p in gui_daemon.foreground_shells(proc.pid) if p != shells[0]])
+        assert open(f"/proc/{busy[0]}/comm").read().strip() == "sleep"
+        assert not gui_daemon.waiting_for_input(busy[0])  # sleeping, but not for input
+    finally:
+        shells = locals().get("shells") or []
+        for pid in [*gui_daemon.foreground_shells(proc.pid), *shells]:  # the sleep and bash, then pty.spawn
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        proc.kill()
+        proc.wait(timeout=30)

@@ -89,6 +89,7 @@ class GUIEnv(SandboxEnv):
             "text": self.text_space})
         self.display: Display | None = None
         self._frame = np.zeros((self.height, self.width, 3), np.uint8)
+        self._handed_out: np.ndarray | None = None
         self._instruction = ""
 
     # ------------------------------------------------------------------ hooks
@@ -142,12 +143,10 @@ class GUIEnv(SandboxEnv):
         return await self._context(sandbox, task)
 
     async def _context(self, sandbox: AsyncSandboxInstance, task: GUITask) -> ToolContext:
-        head, frame = await self.display.request({"op": "shot", "settle": self.settle})
-        if not head.get("ok"):
+        head, frame = await self.display.shot(self.settle)
+        if not head.get("ok") or frame is None:
             raise DisplayError(head.get("error", "no first screenshot"))
-        from .display import to_rgb
-
-        self._frame = to_rgb(frame, head["width"], head["height"])
+        self._frame = frame
         if task.kind == "miniwob":
             self._instruction = await self.display.evaluate("core.getUtterance()")
         else:
@@ -182,6 +181,10 @@ class GUIEnv(SandboxEnv):
         frame = self._ctx.state.get("frame") if self._ctx else None
         if frame is not None:
             self._frame = frame
+        # each step's frame is a new array, handed out as it is; a frame shown again (an action
+        # that failed keeps the last one) is copied, so what a caller kept never changes under it
+        fresh = self._frame is not self._handed_out
+        self._handed_out = self._frame
         state = (self._ctx.state.get("last") or {}).get("state", {}) if self._ctx else {}
         where = []
         if "url" in state:
@@ -192,7 +195,7 @@ class GUIEnv(SandboxEnv):
         text = f"Task: {self._instruction}\n" + "\n".join(where) + f"\n\n{result}"
         self._last_obs = text[: self.text_space.max_length]
         # a copy: an action that failed shows the last frame again, and callers keep what they get
-        return {"screenshot": self._frame.copy(), "text": self._last_obs}
+        return {"screenshot": self._frame if fresh else self._frame.copy(), "text": self._last_obs}
 
     def _can_reuse(self, task: GUITask) -> bool:
         return (self.reuse_browser and task.kind == "miniwob" and self.sandbox is not None

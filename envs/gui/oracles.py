@@ -26,6 +26,15 @@ _ELEMS = """(() => { const out = [];
   return out; })()"""
 
 
+# a point of the element (found by its text) where elementFromPoint is that element: read-only
+_UNCOVERED = """(() => { const b = [...document.querySelectorAll(%s)].find(e => (e.innerText || '').trim() === %s);
+  if (!b) return null; const r = b.getBoundingClientRect();
+  for (const fy of [0.5, 0.25, 0.75, 0.1, 0.9]) for (const fx of [0.5, 0.25, 0.75, 0.1, 0.9]) {
+    const x = r.x + r.width * fx, y = r.y + r.height * fy, e = document.elementFromPoint(x, y);
+    if (e === b || b.contains(e)) return [x, y]; }
+  return [r.x + r.width / 2, r.y + r.height / 2]; })()"""
+
+
 def oracle(name: str):
     def register(fn):
         ORACLES[name] = fn
@@ -48,6 +57,15 @@ class Page:
     async def read(self, expression: str) -> Any:
         """A read-only expression on the page (texts, attributes, computed styles)."""
         return await self.env.display.evaluate(expression)
+
+    async def uncovered(self, selector: str, text: str) -> dict:
+        """The element of `selector` whose text is `text`, as a 1x1 box at a point of it that is
+        not under another element (what a user sees of it: MiniWoB places some elements at
+        random, and one may cover the middle of another)."""
+        point = await self.env.display.evaluate(_UNCOVERED % (json.dumps(selector), json.dumps(text)))
+        if point is None:
+            raise OracleError(f"no visible {selector} with text {text!r}")
+        return {"x": point[0], "y": point[1], "w": 0, "h": 0}
 
     def at(self, e: dict, fx: float = 0.5, fy: float = 0.5) -> list[float]:
         x, y = e["x"] + e["w"] * fx, e["y"] + e["h"] * fy

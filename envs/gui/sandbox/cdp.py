@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import struct
+import threading
 import urllib.request
 
 
@@ -111,3 +112,44 @@ class Session:
             self.sock.close()
         except OSError:
             pass
+
+
+class TargetWatcher:
+    """The browser's page targets (id, url, title), kept current by DevTools' Target events
+    on a browser-level websocket read by a thread: the daemon learns of a tab a page opened
+    without asking /json/list over HTTP on every step."""
+
+    def __init__(self, port: int):
+        version = http_json(port, "/json/version")
+        self.session = Session(version["webSocketDebuggerUrl"])
+        self.pages: dict[str, dict] = {}  # in the order the browser reported them (creation order)
+        self.destroyed: set[str] = set()
+        self.lock = threading.Lock()
+        self.alive = True
+        self.session._send(json.dumps({"id": 1, "method": "Target.setDiscoverTargets", "params": {"discover": True}}))
+        self.session.sock.settimeout(None)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = json.loads(self.session._recv())
+                method, info = msg.get("method"), msg.get("params", {}).get("targetInfo")
+                with self.lock:
+                    if method in ("Target.targetCreated", "Target.targetInfoChanged") and info:
+                        if info.get("type") == "page":
+                            self.pages.setdefault(info["targetId"], {}).update(info)
+                    elif method == "Target.targetDestroyed":
+                        self.pages.pop(msg["params"].get("targetId"), None)
+                        self.destroyed.add(msg["params"].get("targetId"))
+        except (CDPError, OSError, ValueError):
+            self.alive = False
+
+    def targets(self) -> list[dict]:
+        """Like /json/list's pages: newest first, each with "id"."""
+        with self.lock:
+            return [{"id": tid, **info} for tid, info in reversed(self.pages.items())]
+
+    def close(self) -> None:
+        self.alive = False
+        self.session.close()

@@ -9,7 +9,9 @@ sandbox's private /tmp/.X11-unix sees it), openbox, and either a real Chromium w
 (browser tasks; DevTools on 127.0.0.1 in the sandbox's network namespace) or the
 task's desktop programs; prints one JSON line ({"ok": true, "display": ...}) and goes
 to the background, serving requests on the unix socket: one JSON line in, one JSON
-line out, followed by `frame` bytes of raw BGRX pixels when the answer has a screenshot.
+line out, followed by `frame` bytes of raw BGRX pixels when the answer has a screenshot
+(or, for a client on the same machine that asked for it in its hello, the pixels in a
+shared memory file passed over the socket, `frame_fd_bytes` long: no copy through the socket).
 
 Input goes through the X server (xdotool, i.e. XTEST), like a user's. A Chromium that
 dies is started again on the task's page; the next answer says so ("restarted").
@@ -18,9 +20,11 @@ dies is started again on the task's page; the next answer says so ("restarted").
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import http.server
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -47,6 +51,11 @@ BUTTONS = {"left_click": (1, 1), "right_click": (3, 1), "middle_click": (2, 1), 
            "triple_click": (1, 3)}
 SCROLL_NOTCH = 100  # pixels per wheel click (Chromium on X11 scrolls about this much)
 URL_SCHEMES = ("http", "https", "about")
+# programs whose window is a terminal: ready only once their shell waits for input
+TERMINALS = {"stterm", "st", "xterm", "x-terminal-emulator", "urxvt", "rxvt"}
+# a process blocked waiting for input: these syscalls (by machine) or kernel wait functions
+WAIT_SYSCALLS = {"x86_64": {0, 7, 23, 270, 271}, "aarch64": {63, 72, 73}}.get(os.uname().machine, set())
+WAIT_CHANNELS = ("n_tty_read", "wait_woken", "poll_schedule_timeout", "do_select", "do_sys_poll")
 
 
 class Daemon:
@@ -61,6 +70,8 @@ class Daemon:
         self.active: str | None = None
         self.session: cdp.Session | None = None
         self.session_target: str | None = None
+        self.watcher: cdp.TargetWatcher | None = None
+        self.startup: dict[str, float] = {}  # seconds each start-up wait took (the hello reports them)
         self.lock = threading.Lock()
         self.env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
                     "XDG_RUNTIME_DIR": os.path.join(home, ".gui", "xdg"), "NO_AT_BRIDGE": "1"}
@@ -74,19 +85,36 @@ class Daemon:
         self.grabber = xgrab.Grabber(self.display)
         self.input = xinput.XInput(self.display)
         self.spawn("openbox", ["openbox", "--sm-disable"])
+        if self.cfg.get("apps"):  # (a browser task's kiosk window is its own: it starts alongside openbox)
+            t = time.monotonic()
+            if not self.input.window_manager_ready(timeout=60):
+                raise RuntimeError("openbox did not manage windows within 60s")
+            self.startup["window_manager_s"] = round(time.monotonic() - t, 2)
+            self.note("openbox manages windows")
         if self.mode == "browser":
             self.start_browser()
             self.load_task_page()
         newest = None
         for i, argv in enumerate(self.cfg.get("apps", [])):
             before = self.windows()
-            self.spawn(f"app{i}", argv, cwd=self.cfg.get("cwd") or self.home)
-            newest = self.wait_for_window(before) or newest
+            proc = self.spawn(f"app{i}", argv, cwd=self.cfg.get("cwd") or self.home)
+            t = time.monotonic()
+            newest = self.wait_for_window(before, proc, argv)
+            self.startup[f"app{i}_window_s"] = round(time.monotonic() - t, 2)
+            self.note(f"app{i}'s window {newest} is on screen")
+            if os.path.basename(argv[0]) in TERMINALS:
+                t = time.monotonic()
+                self.wait_for_shell(proc)
+                self.startup[f"app{i}_shell_s"] = round(time.monotonic() - t, 2)
+                self.note(f"app{i}'s shell waits for input")
         if newest:  # the last program's window has the keyboard, as if the user just opened it
             subprocess.run(["xdotool", "windowactivate", "--sync", newest], env=self.env, capture_output=True,
-                           timeout=10)
+                           timeout=30)
+            self.note(f"activated {newest}")
             self.wait_quiet()
-        return {"ok": True, "display": self.display, "grab": self.grabber.method, "width": self.width,
+        self.note("started")
+        return {"ok": True, "startup": self.startup, "display": self.display, "grab": self.grabber.method,
+                "width": self.width,
                 "height": self.height, "http_port": getattr(self, "http_port", None),
                 "devtools_port": getattr(self, "devtools_port", None)}
 
@@ -133,7 +161,13 @@ class Daemon:
         self.display = f":{int(number)}"
         self.env["DISPLAY"] = self.display
 
+    def note(self, text: str) -> None:
+        """A start-up milestone in programs.log (what a failed start shows)."""
+        self.log.write(f"[gui_daemon {time.strftime('%H:%M:%S')}] {text}\n".encode())
+        self.log.flush()
+
     def spawn(self, name: str, argv: list[str], cwd: str | None = None) -> subprocess.Popen:
+        self.note(f"starting {name}: {argv[0]}")
         proc = subprocess.Popen(argv, env=self.env, cwd=cwd or self.home, stdout=self.log, stderr=self.log,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self.procs[name] = proc
@@ -164,11 +198,20 @@ class Daemon:
                 if targets:
                     self.tabs = [t["id"] for t in targets]
                     self.active = self.tabs[0]
+                    self.watch_targets()
                     return
             except (OSError, ValueError):
                 pass
             time.sleep(0.05)
         raise RuntimeError("chromium did not open its DevTools port in 60s")
+
+    def watch_targets(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+        try:
+            self.watcher = cdp.TargetWatcher(self.devtools_port)
+        except (cdp.CDPError, OSError, ValueError, KeyError):
+            self.watcher = None  # the tab list is then read over HTTP now and then
 
     def targets(self) -> list[dict]:
         return [t for t in cdp.http_json(self.devtools_port, "/json/list") if t.get("type") == "page"]
@@ -206,14 +249,40 @@ class Daemon:
                            capture_output=True, text=True, timeout=10)
         return r.stdout.split()
 
-    def wait_for_window(self, before: list[str], timeout: float = 30) -> str | None:
+    def wait_for_window(self, before: list[str], proc: subprocess.Popen, argv: list[str],
+                        timeout: float = 60) -> str:
+        """The program's window, once it is on screen. Under heavy load a program can take
+        tens of seconds to map it; an episode must not start before it (what is typed into
+        a screen without the window is lost), so no window at all is an error."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             new = [w for w in self.windows() if w not in before]
             if new:
                 return new[-1]
+            if proc.poll() is not None:
+                raise RuntimeError(f"{argv[0]} exited with code {proc.returncode} before it opened a window")
             time.sleep(0.1)
-        return None
+        raise RuntimeError(f"{argv[0]} opened no window in {timeout:.0f}s")
+
+    def wait_for_shell(self, proc: subprocess.Popen, timeout: float = 60) -> None:
+        """Until the terminal's shell waits for input (blocked reading its tty, seen in /proc).
+        Mapping its window is not enough: st creates its pty and starts the shell only after
+        it has seen its own MapNotify, and drops every key event that comes before it; a
+        shell that waits on its tty proves the terminal got there and reads keys."""
+        deadline, ready_since = time.monotonic() + timeout, None
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the terminal exited with code {proc.returncode} before its shell started")
+            shells = foreground_shells(proc.pid)
+            if shells and all(waiting_for_input(pid) for pid in shells):
+                if ready_since is None:
+                    ready_since = time.monotonic()
+                elif time.monotonic() - ready_since >= 0.2:  # still waiting: not a passing sleep
+                    return
+            else:
+                ready_since = None
+            time.sleep(0.05)
+        raise RuntimeError(f"the terminal's shell did not wait for input within {timeout:.0f}s")
 
     # ---------------------------------------------------------------- health
     def check_health(self) -> None:
@@ -327,10 +396,17 @@ class Daemon:
                 pass
             time.sleep(0.05)
 
-    def sync_tabs(self) -> list[dict]:
-        """Tabs in the order they opened; a tab a page opened by itself becomes the active one."""
-        targets = self.targets()
-        ids = {t["id"] for t in targets}
+    def sync_tabs(self, exact: bool = True) -> list[dict]:
+        """Tabs in the order they opened; a tab a page opened by itself becomes the active one.
+        exact: ask the browser (/json/list); else the Target events' view, which may lag a
+        just-opened tab by a moment, so only tabs it saw close are dropped."""
+        if exact or self.watcher is None:
+            targets = self.targets()
+            ids = {t["id"] for t in targets}
+        else:
+            targets = self.watcher.targets()
+            with self.watcher.lock:
+                ids = {t["id"] for t in targets} | (set(self.tabs) - self.watcher.destroyed)
         self.tabs = [t for t in self.tabs if t in ids]
         for t in reversed(targets):  # /json/list lists the newest first
             if t["id"] not in self.tabs:
@@ -340,39 +416,59 @@ class Daemon:
             self.active = self.tabs[-1]
         return targets
 
-    def settle(self, how) -> None:
-        if how == "frame" and self.session is not None and "chromium" in self.procs:
-            try:  # two animation frames: what the input changed has been painted
-                self.session.call("Runtime.evaluate", {
-                    "expression": "new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))",
-                    "awaitPromise": True, "timeout": 500})
-                return
-            except (cdp.CDPError, OSError):
-                return
+    def settle_and_read(self, how) -> dict | None:
+        """Wait as `how` says, then read the page's URL, title and done flag, all in ONE DevTools
+        round trip ("frame": inside two animation frames, i.e. once what the input changed has
+        been painted). None: no browser, or it did not answer (state() reads again)."""
+        browser = "chromium" in self.procs
         if isinstance(how, (int, float)) and how > 0:
             time.sleep(min(float(how), 5.0))
-        elif how == "frame":
-            time.sleep(0.05)
+        if not browser:
+            if how == "frame":
+                time.sleep(0.05)
+            return None
+        done = self.cfg.get("done_expr")
+        read = ("[location.href, document.title, "
+                + (f"(() => {{ try {{ return !!({done}); }} catch (e) {{ return false; }} }})()]" if done else "null]"))
+        try:
+            if how == "frame":
+                result = self.page().call("Runtime.evaluate", {
+                    "expression": f"new Promise(r => requestAnimationFrame(() => requestAnimationFrame(() => r({read}))))",
+                    "awaitPromise": True, "returnByValue": True, "timeout": 500})
+                value = result.get("result", {}).get("value")
+                if "exceptionDetails" in result or not isinstance(value, list):
+                    value = self.page().evaluate(read)
+            else:
+                value = self.page().evaluate(read)
+            url, title, page_done = value
+            return {"url": url, "title": title, "done": page_done}
+        except (cdp.CDPError, OSError, ValueError, TypeError):
+            return None
 
-    def state(self) -> dict:
+    def state(self, page: dict | None = None) -> dict:
         out: dict = {"crashes": self.crashes}
         if "chromium" in self.procs:
             self.requests = getattr(self, "requests", 0) + 1
-            if self.requests % 5 == 0 or self.session is None:  # the tab list over HTTP: now and then
+            if self.watcher is not None and self.watcher.alive:
+                self.sync_tabs(exact=False)  # the Target events' view: no I/O
+            elif self.requests % 5 == 0 or self.session is None:  # the tab list over HTTP: now and then
                 self.sync_tabs()
-            # the active tab's URL and title over its open DevTools socket (cheaper than /json/list)
-            url, title = self.page().evaluate("[location.href, document.title]")
+            if page is None:  # the active tab's URL and title over its open DevTools socket
+                url, title = self.page().evaluate("[location.href, document.title]")
+            else:
+                url, title = page["url"], page["title"]
             out.update(url=url, title=title, tabs=len(self.tabs),
                        tab_index=self.tabs.index(self.active) if self.active in self.tabs else None)
         else:
-            r = subprocess.run(["xdotool", "getactivewindow", "getwindowname"], env=self.env, capture_output=True,
-                               text=True)
-            out["title"] = r.stdout.strip()
+            out["title"] = self.input.active_window_title()  # in-process: no xdotool per step
         return out
 
     # ---------------------------------------------------------------- requests
-    def handle(self, req: dict) -> tuple[dict, bytes]:
+    def handle(self, req: dict, frame_buf: mmap.mmap | None = None) -> tuple[dict, bytes]:
+        """One request. frame_buf: the client's shared frame buffer (the pixels go there)."""
         op = req.get("op")
+        page = None
+        marks = [("start", time.perf_counter())] if req.get("profile") else None  # bench_gui: where time goes
         with self.lock:
             self.check_health()
             reply: dict = {"ok": True}
@@ -383,13 +479,15 @@ class Daemon:
                         reply["note"] = note
                 except (ValueError, cdp.CDPError, OSError, subprocess.TimeoutExpired) as e:
                     reply = {"ok": False, "error": str(e)}
-                self.settle(req.get("settle", "frame"))
-                self.check_health()
+                if marks:
+                    marks.append(("action", time.perf_counter()))
+                page = self.settle_and_read(req.get("settle", "frame"))
+                if marks:
+                    marks.append(("settle_and_page_state", time.perf_counter()))
+                if page is None:
+                    self.check_health()
                 if self.cfg.get("done_expr") and "chromium" in self.procs:
-                    try:
-                        reply["page_done"] = bool(self.page().evaluate(self.cfg["done_expr"]))
-                    except (cdp.CDPError, OSError):
-                        reply["page_done"] = False
+                    reply["page_done"] = bool(page and page["done"])
             elif op == "eval":  # read-only page state: oracles' DOM geometry, MiniWoB's reward
                 try:
                     reply["value"] = self.page().evaluate(req["expression"])
@@ -412,12 +510,12 @@ class Daemon:
                 self.stop()
                 return reply, b""
             elif op == "shot":
-                self.settle(req.get("settle", 0))
+                page = self.settle_and_read(req.get("settle", 0))
             elif op != "state":
                 return {"ok": False, "error": f"unknown op {op!r}"}, b""
             if op in ("act", "shot", "state"):
                 try:
-                    reply["state"] = self.state()
+                    reply["state"] = self.state(page)
                 except (cdp.CDPError, OSError, ValueError) as e:
                     time.sleep(0.5)  # a browser that is dying: let it die, then start it again
                     self.check_health()
@@ -428,12 +526,24 @@ class Daemon:
             if self.restarts:
                 reply["restarted"], self.restarts = self.restarts, []
             frame = b""
+            if marks:
+                marks.append(("state", time.perf_counter()))
             if op in ("act", "shot"):
-                _, _, frame = self.grabber.grab()
-                reply.update(width=self.width, height=self.height, frame=len(frame))
+                reply.update(width=self.width, height=self.height)
+                if frame_buf is not None:
+                    address = ctypes.addressof(ctypes.c_char.from_buffer(frame_buf))
+                    reply["frame_fd_bytes"] = self.grabber.grab_into(address)
+                else:
+                    _, _, frame = self.grabber.grab()
+                    reply["frame"] = len(frame)
+            if marks:
+                marks.append(("grab", time.perf_counter()))
+                reply["profile_ms"] = {name: round((t - marks[i][1]) * 1e3, 3) for i, (name, t) in enumerate(marks[1:])}
             return reply, frame
 
     def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -452,6 +562,50 @@ def chord(keys) -> str:
     """'ctrl+a' or ['ctrl', 'a'] -> xdotool's 'ctrl+a'; friendly names -> X keysyms."""
     parts = keys if isinstance(keys, list) else [p for p in keys.replace(" ", "").split("+") if p] or ["plus"]
     return "+".join(KEY_NAMES.get(p.lower(), p) if len(p) > 1 else p for p in parts)
+
+
+def _stat(pid: str) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name: [state, ppid, pgrp, session, tty_nr, tpgid, ...]."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def foreground_shells(root: int) -> list[int]:
+    """The foreground process-group leaders of the ttys that `root`'s descendants hold
+    (a terminal's shell, or the command running in it)."""
+    stats = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p))}
+    children: dict[int, list[int]] = {}
+    for pid, st in stats.items():
+        children.setdefault(int(st[1]), []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        todo += children.get(pid, [])
+        st = stats[pid]
+        if int(st[4]) != 0 and int(st[5]) == pid:  # has a controlling tty and leads its foreground group
+            found.append(pid)
+    return found
+
+
+def waiting_for_input(pid: int) -> bool:
+    st = _stat(str(pid))
+    if not st or st[0] != "S":
+        return False
+    try:  # the syscall it sleeps in (needs ptrace rights: a descendant of this daemon has them)
+        with open(f"/proc/{pid}/syscall") as f:
+            first = f.read().split()
+        if first and first[0].isdigit() and WAIT_SYSCALLS:
+            return int(first[0]) in WAIT_SYSCALLS
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/wchan") as f:
+            return f.read().startswith(WAIT_CHANNELS)
+    except OSError:
+        return False
 
 
 def sandbox_pss_kib() -> int:
@@ -473,19 +627,48 @@ def sandbox_pss_kib() -> int:
 class Handler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         daemon: Daemon = self.server.daemon_state
-        for line in self.rfile:
-            try:
-                req = json.loads(line)
-                if not isinstance(req, dict):
-                    raise ValueError("a request is a JSON object")
-                reply, frame = daemon.handle(req)
-            except Exception as e:  # never die on one bad request
-                reply, frame = {"ok": False, "error": f"{type(e).__name__}: {e}"}, b""
-            self.wfile.write(json.dumps(reply).encode() + b"\n" + frame)
-            self.wfile.flush()
-            if req.get("op") == "stop" if isinstance(req, dict) else False:
-                threading.Thread(target=self.server.shutdown, daemon=True).start()
-                return
+        frame_buf = None  # this connection's shared frame buffer, once its hello asked for one
+        try:
+            for line in self.rfile:
+                fds = []
+                try:
+                    req = json.loads(line)
+                    if not isinstance(req, dict):
+                        raise ValueError("a request is a JSON object")
+                    reply, frame = daemon.handle(req, frame_buf)
+                    if req.get("op") == "hello" and req.get("frame_fd") and frame_buf is None:
+                        frame_buf, fds = self.shared_frame_buffer(daemon, reply)
+                except Exception as e:  # never die on one bad request
+                    reply, frame = {"ok": False, "error": f"{type(e).__name__}: {e}"}, b""
+                data = json.dumps(reply).encode() + b"\n" + frame
+                if fds:  # the buffer's fd rides with the hello's answer (SCM_RIGHTS), then is ours alone
+                    socket.send_fds(self.request, [data], fds)
+                    os.close(fds[0])
+                else:
+                    self.wfile.write(data)
+                    self.wfile.flush()
+                if req.get("op") == "stop" if isinstance(req, dict) else False:
+                    threading.Thread(target=self.server.shutdown, daemon=True).start()
+                    return
+        finally:
+            if frame_buf is not None:
+                try:
+                    frame_buf.close()
+                except BufferError:
+                    pass
+
+    @staticmethod
+    def shared_frame_buffer(daemon: Daemon, reply: dict) -> tuple[mmap.mmap | None, list[int]]:
+        """A memory file the size of one frame, mapped here; its fd goes to the client, which maps
+        it too (a client in the same kernel: the local backend). Without memfd/send_fds: none."""
+        if not (hasattr(os, "memfd_create") and hasattr(socket, "send_fds")):
+            return None, []
+        size = daemon.grabber.frame_bytes
+        fd = os.memfd_create("orchard-gui-frame", getattr(os, "MFD_CLOEXEC", 1))
+        os.ftruncate(fd, size)
+        buf = mmap.mmap(fd, size)
+        reply.update(frame_fd=True, frame_bytes=size)
+        return buf, [fd]
 
 
 class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -127,6 +127,22 @@ class Grabber:
             self.x.XFree(ctypes.c_void_p(data))
             self.x.XFree(image)
 
+    def grab_into(self, dest: int) -> int:
+        """Grab the screen straight into memory at address `dest` (the frame buffer the host
+        maps); return the byte count. One copy out of the XShm segment, no bytes object."""
+        if self.shm:
+            if not self.xext.XShmGetImage(self.dpy, self.root, self.shm, 0, 0, ALL_PLANES):
+                raise OSError("XShmGetImage failed")
+            ctypes.memmove(dest, self.shm.contents.data, self._size)
+            return self._size
+        _, _, frame = self.grab()
+        ctypes.memmove(dest, frame, len(frame))
+        return len(frame)
+
+    @property
+    def frame_bytes(self) -> int:
+        return self._size if self.shm else self.width * self.height * 4
+
     def close(self) -> None:
         if self.dpy:
             self.x.XCloseDisplay(self.dpy)

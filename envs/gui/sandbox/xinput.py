@@ -11,6 +11,10 @@ import ctypes
 import ctypes.util
 import time
 
+# Xlib's default error handler exits the process; a window that closed between reading
+# _NET_ACTIVE_WINDOW and its title (BadWindow) must not end the daemon
+_ERROR_HANDLER = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)(lambda dpy, event: 0)
+
 MODIFIERS = {"ctrl": "Control_L", "alt": "Alt_L", "shift": "Shift_L", "super": "Super_L"}
 
 
@@ -31,9 +35,29 @@ class XInput:
         t.XTestFakeMotionEvent.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_ulong]
         t.XTestFakeButtonEvent.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong]
         t.XTestFakeKeyEvent.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_int, ctypes.c_ulong]
+        x.XInternAtom.restype = ctypes.c_ulong
+        x.XInternAtom.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+        x.XDefaultRootWindow.restype = ctypes.c_ulong
+        x.XDefaultRootWindow.argtypes = [ctypes.c_void_p]
+        x.XGetWindowProperty.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_long, ctypes.c_long,
+                                         ctypes.c_int, ctypes.c_ulong, ctypes.POINTER(ctypes.c_ulong),
+                                         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_ulong),
+                                         ctypes.POINTER(ctypes.c_ulong), ctypes.POINTER(ctypes.c_void_p)]
+        x.XFree.argtypes = [ctypes.c_void_p]
+        x.XSetErrorHandler.argtypes = [ctypes.c_void_p]
+        x.XSetErrorHandler(ctypes.cast(_ERROR_HANDLER, ctypes.c_void_p))
         self.dpy = x.XOpenDisplay(display.encode())
         if not self.dpy:
             raise OSError(f"cannot open X display {display}")
+        self.root = x.XDefaultRootWindow(self.dpy)
+        # no key autorepeat: a key is pressed and released by one action, and a typing process
+        # that the host's load keeps from running between press and release (xdotool sleeps
+        # --delay/2 in between) must not get the X server to repeat it ("eeeecho": seen)
+        x.XAutoRepeatOff.argtypes = [ctypes.c_void_p]
+        x.XAutoRepeatOff(self.dpy)
+        self.sync()
+        self.atoms = {n: x.XInternAtom(self.dpy, n.encode(), 0)
+                      for n in ("_NET_ACTIVE_WINDOW", "_NET_WM_NAME", "WM_NAME", "UTF8_STRING")}
 
     def sync(self) -> None:
         self.x.XSync(self.dpy, 0)
@@ -76,6 +100,60 @@ class XInput:
             self.t.XTestFakeKeyEvent(self.dpy, c, 0, 0)
         self.sync()
         return True
+
+    def _property(self, window: int, name: str, limit: int = 4096) -> tuple[int, bytes] | None:
+        """(format, raw bytes) of a window property, or None (AnyPropertyType)."""
+        kind, fmt = ctypes.c_ulong(), ctypes.c_int()
+        count, after, data = ctypes.c_ulong(), ctypes.c_ulong(), ctypes.c_void_p()
+        status = self.x.XGetWindowProperty(self.dpy, window, self.atoms[name], 0, limit, 0, 0, ctypes.byref(kind),
+                                           ctypes.byref(fmt), ctypes.byref(count), ctypes.byref(after),
+                                           ctypes.byref(data))
+        if status != 0 or not data.value:
+            return None
+        try:
+            size = {8: 1, 16: ctypes.sizeof(ctypes.c_short), 32: ctypes.sizeof(ctypes.c_long)}.get(fmt.value, 1)
+            return fmt.value, ctypes.string_at(data.value, count.value * size)
+        finally:
+            self.x.XFree(data)
+
+    def window_manager_ready(self, timeout: float) -> bool:
+        """Map a 1x1 probe window and wait until the window manager manages it (sets its
+        WM_STATE), then destroy it. Proves the WM's event loop handles MapRequests: a program
+        that maps its window before that loses the request (openbox drops the MapRequests that
+        come while it starts) and its window never shows (st then never starts its shell)."""
+        x = self.x
+        x.XCreateSimpleWindow.restype = ctypes.c_ulong
+        x.XCreateSimpleWindow.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
+                                          ctypes.c_uint, ctypes.c_uint, ctypes.c_ulong, ctypes.c_ulong]
+        x.XMapWindow.argtypes = x.XDestroyWindow.argtypes = [ctypes.c_void_p, ctypes.c_ulong]
+        self.atoms.setdefault("WM_STATE", x.XInternAtom(self.dpy, b"WM_STATE", 0))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # the WM may not have claimed the screen yet: map again
+            probe = x.XCreateSimpleWindow(self.dpy, self.root, 0, 0, 1, 1, 0, 0, 0)
+            x.XMapWindow(self.dpy, probe)
+            self.sync()
+            try:
+                until = min(deadline, time.monotonic() + 2.0)
+                while time.monotonic() < until:
+                    if self._property(probe, "WM_STATE", 2):
+                        return True
+                    time.sleep(0.02)
+            finally:
+                x.XDestroyWindow(self.dpy, probe)
+                self.sync()
+        return False
+
+    def active_window_title(self) -> str:
+        """The title of the window the window manager calls active (as `xdotool getactivewindow
+        getwindowname`, without a new process per step); '' when there is none."""
+        active = self._property(self.root, "_NET_ACTIVE_WINDOW", 1)
+        if not active or len(active[1]) < ctypes.sizeof(ctypes.c_long):
+            return ""
+        window = ctypes.c_ulong.from_buffer_copy(active[1][:ctypes.sizeof(ctypes.c_ulong)]).value
+        if not window:
+            return ""
+        name = self._property(window, "_NET_WM_NAME") or self._property(window, "WM_NAME")
+        return name[1].decode("utf-8", errors="replace") if name else ""
 
     def close(self) -> None:
         if self.dpy:
