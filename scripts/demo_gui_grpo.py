@@ -1,12 +1,12 @@
 """Demo: vision-language GRPO on Orchard/GUI-v0 through the CLI, with the seed's step-budget
 curriculum (15 steps per episode in the first half of training, 30 in the second).
 
-    python scripts/demo_gui_grpo.py                      # 6 steps, 2 groups of 4 episodes per step
+    python scripts/demo_gui_grpo.py                      # 4 steps, one group of 4 episodes per step
     python scripts/demo_gui_grpo.py --steps 10 --out runs/demo-gui
 
 What it does, all offline, on the local backend (real Xvfb + Chromium per episode):
 1. A tiny LLaVA (algos/vision.py build_tiny_vlm: CLIP vision tower of one layer, a Qwen2 text
-   model, ~120k parameters) with a byte-level BPE tokenizer trained on GUI-v0's observation
+   model, ~150k parameters) with a byte-level BPE tokenizer trained on GUI-v0's observation
    texts and tool calls (gui_corpus), saved to RUN/tiny-vlm.
 2. `orchard train grpo --env Orchard/GUI-v0 --step-budget 15,30 ...` on MiniWoB++ tasks, the
    page's real raw reward, no scripting. An untrained model this small does not produce a valid
@@ -31,9 +31,9 @@ SYSTEM = "Act."
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--steps", type=int, default=4)
     p.add_argument("--group-size", type=int, default=4)
-    p.add_argument("--prompts-per-step", type=int, default=2)
+    p.add_argument("--prompts-per-step", type=int, default=1)
     p.add_argument("--task-id", action="append", default=None,
                    help="MiniWoB task ids (default: miniwob/click-test, miniwob/click-button)")
     p.add_argument("--width", type=int, default=320)
@@ -43,14 +43,14 @@ def main() -> None:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    build_tiny_vlm(gui_corpus(SYSTEM), out / "tiny-vlm", vocab_size=400)
+    build_tiny_vlm(gui_corpus(SYSTEM), out / "tiny-vlm", vocab_size=1000, max_positions=8192)
     built = time.monotonic() - started
     tasks = a.task_id or ["miniwob/click-test", "miniwob/click-button"]
     argv = [str(Path(sys.executable).parent / "orchard"), "train", "grpo", "--env", "Orchard/GUI-v0",
             "--env-kwargs", json.dumps({"tasks": "miniwob", "width": a.width, "height": a.height}),
             "--model", str(out / "tiny-vlm"), "--steps", str(a.steps), "--group-size", str(a.group_size),
             "--prompts-per-step", str(a.prompts_per_step), "--step-budget", "15,30", "--no-render-tools",
-            "--system-prompt", SYSTEM, "--max-new-tokens", "8", "--max-completion-tokens", "3500",
+            "--system-prompt", SYSTEM, "--max-new-tokens", "8", "--max-completion-tokens", "6000",
             "--no-dynamic-sampling", "--lr", "1e-3", "--max-seconds", "600", "--out", str(out / "train"),
             *[x for t in tasks for x in ("--task-id", t)]]
     print("$", " ".join(argv), flush=True)
