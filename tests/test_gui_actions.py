@@ -128,7 +128,8 @@ def test_pointer_actions_show_on_screen_and_in_the_dom(page):
 
     act(env, "left_click_drag", start_coordinate=[40, 150], coordinate=[400, 190])
     state = seen(env)
-    assert near(state["down"], (40, 150)) and near(state["up"], (400, 190)) and state["dragMoves"] >= 3
+    # moves with the button held: at least one (Chromium coalesces mouse moves to one per frame)
+    assert near(state["down"], (40, 150)) and near(state["up"], (400, 190)) and state["dragMoves"] >= 1
 
 
 def settled(env, expression: str, timeout: float = 10.0):
