@@ -207,7 +207,7 @@ def gui_corpus(system_prompt: str | None = None) -> list[str]:
              head + "The task has started. Act with the computer_use tools; end with terminate or answer.",
              head + unparsed, head.replace("Button", "Test").replace("click-button", "click-test"),
              "left_click at 12,34 (pixels).", "Typed 5 characters."] + [head + unparsed] * 5
+    arguments = json.dumps({"coordinate": [0.5, 0.5]})
     for name, description, _ in SPECS:
-        texts += [description, f'<tool_call>\n{{"name": "{name}", "arguments": {json.dumps({"coordinate": [0.5, 0.5]})}}}\n'
-                               "</tool_call>"]
+        texts += [description, f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>']
     return texts * 3
