@@ -12,6 +12,7 @@ relay (a command run by the agent, the frame downloaded), exactly as on docker.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -31,7 +32,8 @@ CASES = [("miniwob/click-button", "miniwob"), ("desktop/editor-replace", "deskto
 
 
 def main() -> int:
-    cluster = FakeCluster(tempfile.mkdtemp(prefix="gui-k8s-"), kubelet="podman")
+    workdir = tempfile.mkdtemp(prefix="gui-k8s-")
+    cluster = FakeCluster(workdir, kubelet="podman")
     failed = 0
     try:
         for task_id, tasks in CASES:
@@ -53,6 +55,7 @@ def main() -> int:
                               "screen_colours": colours, "steps": trajectory.steps}), flush=True)
     finally:
         cluster.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return 1 if failed else 0
 
 
