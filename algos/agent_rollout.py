@@ -338,6 +338,8 @@ class _EpisodePolicy:
             self.context_exhausted = True
             if "submit" in self.tool_names:
                 return {"name": "submit", "arguments": {}}
+            if "terminate" in self.tool_names:  # the GUI env's way to end an episode as it stands
+                return {"name": "terminate", "arguments": {"status": "failure"}}
             raise ContextExhausted("the episode's token budget is spent")
         context = self.prompt_ids + self.completion_ids
         ids, logprobs, self.ended = await r.generator.generate(context, min(r.params.max_new_tokens, room), self.images)

@@ -117,16 +117,20 @@ class AgentGRPOArgs:
 
 
 def parse_step_budget(spec: str | int | Sequence, total_steps: int) -> list[tuple[int, int]]:
-    """'15,30@50%' -> [(0, 15), (total_steps // 2, 30)]; '15,30@40' -> [(0, 15), (40, 30)]."""
+    """'15,30@50%' -> [(0, 15), (total_steps // 2, 30)]; '15,30@40' -> [(0, 15), (40, 30)];
+    '15,30' (no '@' anywhere) -> equal phases, here [(0, 15), (total_steps // 2, 30)]."""
     if isinstance(spec, int):
         return [(0, spec)]
     parts = spec.split(",") if isinstance(spec, str) else [str(p) for p in spec]
+    even = len(parts) > 1 and not any("@" in p for p in parts)
     schedule: list[tuple[int, int]] = []
     for i, part in enumerate(p.strip() for p in parts):
         m = re.fullmatch(r"(\d+)(?:@(\d+)(%)?)?", part)
-        if not m or (i == 0 and m.group(2)) or (i > 0 and not m.group(2)):
-            raise ValueError(f"bad step budget {spec!r}: use 'B0,B1@STEP,...' or 'B0,B1@PCT%' (e.g. '15,30@50%')")
-        start = 0 if i == 0 else (int(total_steps * int(m.group(2)) / 100) if m.group(3) else int(m.group(2)))
+        if not m or (i == 0 and m.group(2)) or (i > 0 and not m.group(2) and not even):
+            raise ValueError(f"bad step budget {spec!r}: use 'B0,B1,...' (equal phases), 'B0,B1@STEP,...' or "
+                             "'B0,B1@PCT%' (e.g. '15,30@50%')")
+        start = (total_steps * i // len(parts) if even else 0 if i == 0 else
+                 int(total_steps * int(m.group(2)) / 100) if m.group(3) else int(m.group(2)))
         if int(m.group(1)) < 1:
             raise ValueError("step budgets must be at least 1")
         if schedule and start < schedule[-1][0]:

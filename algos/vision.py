@@ -142,7 +142,7 @@ def load_policy(path: str):
 # ---------------------------------------------------------------------------- a tiny VLM, offline
 def build_tiny_vlm(corpus: Iterable[str], out_dir: str | Path | None = None, *, vocab_size: int = 512,
                    image_size: int = 28, patch_size: int = 7, hidden_size: int = 64, vision_hidden: int = 32,
-                   num_layers: int = 2, seed: int = 0):
+                   num_layers: int = 2, max_positions: int = 4096, seed: int = 0):
     """A randomly initialised LLaVA (CLIP vision tower of one layer, a Qwen2 text model of
     ~100k parameters) and its processor, built from configs: no download. Each image is
     resized to `image_size` and becomes (image_size / patch_size)² image tokens."""
@@ -170,7 +170,7 @@ def build_tiny_vlm(corpus: Iterable[str], out_dir: str | Path | None = None, *, 
     config = LlavaConfig(
         text_config=Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                                 num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                                max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=None,
+                                max_position_embeddings=max_positions, tie_word_embeddings=True, bos_token_id=None,
                                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id),
         vision_config=CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
                                        num_hidden_layers=1, num_attention_heads=2, image_size=image_size,
@@ -185,3 +185,29 @@ def build_tiny_vlm(corpus: Iterable[str], out_dir: str | Path | None = None, *, 
         model.save_pretrained(str(out_dir))
         processor.save_pretrained(str(out_dir))
     return model, processor
+
+
+def gui_corpus(system_prompt: str | None = None) -> list[str]:
+    """Texts to train a tiny VLM's tokenizer for Orchard/GUI-v0 episodes: the shape of its
+    observation texts (task, URL, tab, title, action results and errors) and its tool calls,
+    so those come out as a few tokens each instead of one per byte."""
+    import json
+
+    from orchard_gym.envs.actions import ActionError, parse_action
+    from orchard_gym.envs.gui.tools import SPECS
+
+    try:
+        parse_action("?", [name for name, _, _ in SPECS])
+        unparsed = ""
+    except ActionError as e:  # what the env answers to text that is no tool call
+        unparsed = f"Error: {e}"
+    head = ("Task: Click on the \"submit\" button.\nURL: http://127.0.0.1:34567/miniwob/click-button.html\n"
+            "Tab: 0 of 1\nTitle: Click Button Task\n\n")
+    texts = [system_prompt or "", "<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n",
+             head + "The task has started. Act with the computer_use tools; end with terminate or answer.",
+             head + unparsed, head.replace("Button", "Test").replace("click-button", "click-test"),
+             "left_click at 12,34 (pixels).", "Typed 5 characters."] + [head + unparsed] * 5
+    arguments = json.dumps({"coordinate": [0.5, 0.5]})
+    for name, description, _ in SPECS:
+        texts += [description, f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>']
+    return texts * 3

@@ -387,7 +387,7 @@ def train() -> None:
 @click.option("--micro-batch", type=click.IntRange(min=1), default=None, help="episodes per forward/backward")
 @click.option("--lr", type=float, default=1e-6, show_default=True, help="learning rate")
 @click.option("--step-budget", default="15,30@50%", show_default=True,
-              help="step-budget curriculum, e.g. '15,30@50%' or '15,30@200'")
+              help="step-budget curriculum, e.g. '15,30@50%', '15,30@200' or '15,30' (equal phases)")
 @click.option("--max-seconds", type=float, default=600.0, show_default=True, help="per-episode wall-clock budget")
 @click.option("--concurrency", type=click.IntRange(min=1), default=32, show_default=True, help="sandboxes at once")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=512, show_default=True, help="per turn")

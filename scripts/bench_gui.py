@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchard_gym import AsyncSandboxClient  # noqa: E402
-from orchard_gym.envs.gui.env import GUIEnv  # noqa: E402
+from orchard_gym.envs.gui.env import DEFAULT_IMAGE, GUIEnv  # noqa: E402
 from orchard_gym.envs.gui.tasks import load_tasks  # noqa: E402
 from orchard_gym.envs.rollout import run_episode  # noqa: E402
 
@@ -35,13 +35,13 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def oracle_sweep(client, task_ids: list[str], seeds: int) -> dict:
+async def oracle_sweep(client, task_ids: list[str], seeds: int, **env_kwargs) -> dict:
     results = {}
-    miniwob = GUIEnv(client=client, max_steps=40)
+    miniwob = GUIEnv(client=client, max_steps=40, **env_kwargs)
     try:
         for task_id in task_ids:
             for seed in range(seeds):
-                env = miniwob if task_id.startswith("miniwob/") else GUIEnv(client=client, max_steps=40)
+                env = miniwob if task_id.startswith("miniwob/") else GUIEnv(client=client, max_steps=40, **env_kwargs)
                 started = time.monotonic()
                 try:
                     traj = await run_episode(env, env.oracle_policy(), task_id, seed=seed)
@@ -207,15 +207,19 @@ async def main() -> None:
     ap.add_argument("--max-steps", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=5, help="--latency: env steps and bare pairs alternate in rounds")
     ap.add_argument("--out")
+    ap.add_argument("--backend", choices=["local", "docker"], default="local",
+                    help="--oracle only: docker runs in scripts/build_gui_image.sh's image")
     args = ap.parse_args()
     ids = sorted(load_tasks("builtin"))
     if args.tasks:
         ids = [t for t in ids if any(s in t for s in args.tasks.split(","))]
     root = tempfile.mkdtemp(prefix="bench-gui-")
     report = {}
-    async with AsyncSandboxClient({"type": "local", "root": root}) as client:
+    backend = {"type": "local", "root": root} if args.backend == "local" else {"type": "docker"}
+    image = {} if args.backend == "local" else {"image": DEFAULT_IMAGE}
+    async with AsyncSandboxClient(backend) as client:
         if args.oracle:
-            report["oracle"] = await oracle_sweep(client, ids, args.seeds)
+            report["oracle"] = await oracle_sweep(client, ids, args.seeds, **image)
             print(f"oracle: {report['oracle']['solved']}/{report['oracle']['episodes']} solved; "
                   f"failed: {report['oracle']['failed']}")
         if args.random:

@@ -172,7 +172,9 @@ def test_step_budget_curriculum():
     assert parse_step_budget("8", 10) == [(0, 8)]
     schedule = parse_step_budget("15,30@50%", 10)
     assert [step_budget_at(schedule, s) for s in (0, 4, 5, 9)] == [15, 15, 30, 30]
-    for bad in ("15@3", "15,30", "x", "0", "15,30@5,40@2"):
+    assert parse_step_budget("15,30", 10) == [(0, 15), (5, 30)]  # no '@': equal phases
+    assert parse_step_budget("5,10,20", 9) == [(0, 5), (3, 10), (6, 20)]
+    for bad in ("15@3", "15,30@2,40", "x", "0", "15,30@5,40@2", "15,0"):
         with pytest.raises(ValueError):
             parse_step_budget(bad, 10)
 

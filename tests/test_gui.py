@@ -305,3 +305,38 @@ def test_the_terminal_readiness_probe_sees_a_shell_wait_for_input():
                 pass
         proc.kill()
         proc.wait(timeout=30)
+
+
+@pytest.mark.docker
+@needs("docker", _gui_image_why_not())
+def test_docker_desktop_task_solved_by_the_oracle():
+    """A desktop task (mousepad on openbox, no browser) in the GUI image on docker: the file
+    starts as the task laid it out, the oracle edits and saves it through the screen, and the
+    host-side check reads the end state through the agent."""
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    async def episode():
+        async with AsyncSandboxClient({"type": "docker"}) as client:
+            env = GUIEnv(client=client, tasks="desktop", image=DEFAULT_IMAGE)
+            oracle = env.oracle_policy().bind(env)
+            seen_before = []
+
+            async def first_look_then_oracle(messages, tools):
+                if not seen_before:  # before any action: the file as laid out, a real window on screen
+                    home = env.sandbox.workdir or "/workspace"
+                    seen_before.append((await env.sandbox.download_content(f"{home}/draft.txt"), env.display.direct,
+                                        env._frame.copy()))
+                return await oracle(messages, tools)
+
+            try:
+                trajectory = await run_episode(env, first_look_then_oracle, "desktop/editor-replace", seed=0)
+            finally:
+                await env.aclose()
+        return trajectory, seen_before[0]
+
+    trajectory, (before, direct, frame) = run(episode())
+    assert before == b"first draft\nwith typos\n" and not direct  # the relay: the host cannot reach the socket
+    assert frame.shape == (720, 1280, 3) and len(np.unique(frame[:200, :400].reshape(-1, 3), axis=0)) > 20
+    assert trajectory.error is None and trajectory.reward == 1.0, trajectory.report
+    assert trajectory.report["checks"] == [{"type": "file_equals", "path": "draft.txt", "passed": True,
+                                            "seen": "Final version"}]
