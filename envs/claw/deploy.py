@@ -3,7 +3,8 @@
 Everything goes through the sandbox's agent (exec), so it works on every backend. The
 interpreter is the agent's own: its command line (read from /proc/$PPID/cmdline of a
 command the agent runs) up to the agent script, e.g. `/usr/bin/python3.11 -I -S` on the
-local backend or the bundle's loader + python on container backends.
+local backend (the zygote's, whose fork the agent is there) or the bundle's loader + python on
+container backends.
 
 The env and the service agree on an HMAC key by Diffie-Hellman at start (before the
 policy acts); snapshots are signed over a fresh nonce, so only the real service can
@@ -143,6 +144,8 @@ async def agent_python(sandbox: AsyncSandboxInstance) -> list[str]:
     r = await sandbox.exec("cat /proc/$PPID/cmdline", timeout=30)
     argv = [a for a in r.stdout.split("\0") if a]
     for i, arg in enumerate(argv):
-        if arg.rstrip("/").endswith(("/agent", "agent.py")) and i > 0:  # the agent's folder (or an old agent.py)
+        # the agent's folder (or an old agent.py); on the local backend's zygote, the agent is a
+        # fork of zygote_server.py, whose command line it keeps
+        if arg.rstrip("/").endswith(("/agent", "agent.py", "/zygote_server.py")) and i > 0:
             return argv[:i]
     raise ServiceError(f"cannot find the agent's python from its command line {argv[:8]!r}")
