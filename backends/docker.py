@@ -57,7 +57,7 @@ from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, Orch
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 
 from . import host_guard, procs
-from .docker_bundle import SharedBundle
+from .docker_bundle import SharedBundle, name_in_use
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 
@@ -277,11 +277,6 @@ class DockerBackend(Backend):
         sandbox_id = spec.sandbox_id or new_sandbox_id()
         name = self._name(sandbox_id)
         image = spec.image or cfg.default_image
-        try:
-            self.api.inspect_container(name)
-            raise InvalidRequest(f"sandbox {sandbox_id} already exists")
-        except derr.NotFound:
-            pass
         image_info = self._ensure_image(image)
         injector = self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
         bundle = self.bundle.ensure(injector)  # one shared read-only volume per injector version
@@ -317,7 +312,7 @@ class DockerBackend(Backend):
                     host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
                 )
             except derr.APIError as e:
-                if e.status_code == 409:  # lost a race for the name
+                if name_in_use(e):  # the id is taken (or another create won the race for it)
                     raise _NameTaken from None
                 raise
             self.api.start(name)

@@ -29,6 +29,7 @@ import time
 log = logging.getLogger(__name__)
 
 MARKER = ".orchard-bundle-complete"
+RECHECK_SECONDS = 10.0  # how long a filled volume is trusted to still exist without asking the engine
 # Copy only into a volume without the marker; wipe what a crashed filler left first.
 FILL_SCRIPT = (
     'd=$1; if [ -f "$d/' + MARKER + '" ]; then echo "agent bundle present in $d"; exit 0; fi; '
@@ -48,7 +49,7 @@ class SharedBundle:
     def __init__(self, backend):
         self.backend = backend
         self._lock = threading.Lock()
-        self._ready: set[str] = set()  # volumes filled (checked by this process)
+        self._ready: dict[str, float] = {}  # volumes filled -> when this process last saw them
 
     def volume_name(self, image_id: str) -> str:
         digest = image_id.split(":", 1)[-1]
@@ -59,16 +60,20 @@ class SharedBundle:
         from docker import errors as derr
 
         name = self.volume_name(injector_info["Id"])
-        if name in self._ready:
-            try:
-                self.backend.api.inspect_volume(name)  # removed by hand since? fill it again
+        checked = self._ready.get(name)
+        if checked is not None:
+            if time.monotonic() - checked < RECHECK_SECONDS:
+                return name
+            try:  # removed by hand since? fill it again (checked now and then, not per create)
+                self.backend.api.inspect_volume(name)
+                self._ready[name] = time.monotonic()
                 return name
             except derr.NotFound:
-                self._ready.discard(name)
+                self._ready.pop(name, None)
         with self._lock:
             if name not in self._ready:
                 self._fill(name, injector_info["Id"])
-                self._ready.add(name)
+                self._ready[name] = time.monotonic()
         return name
 
     def _labels(self, image_id: str) -> dict:
@@ -99,7 +104,8 @@ class SharedBundle:
                                      command=["/agent"], labels=labels, host_config=host_config)
                 break
             except derr.APIError as e:
-                if not name_in_use(e):
+                # Podman can also answer otherwise while the other filler is being removed
+                if not name_in_use(e) and not self._exists(filler):
                     raise
             # another process is filling: wait for its filler to finish (or be swept), then check
             if time.monotonic() > deadline:
@@ -118,6 +124,15 @@ class SharedBundle:
                 api.remove_container(filler, force=True)
             except derr.NotFound:
                 pass
+
+    def _exists(self, container: str) -> bool:
+        from docker import errors as derr
+
+        try:
+            self.backend.api.inspect_container(container)
+            return True
+        except derr.NotFound:
+            return False
 
     def _remove_stale(self, filler: str) -> None:
         """Remove another process's filler if that process is gone (it would never finish)."""
@@ -156,7 +171,7 @@ class SharedBundle:
             try:
                 b.api.remove_volume(volume["Name"])  # not forced: the engine refuses while one is in use
                 removed.append(volume["Name"])
-                self._ready.discard(volume["Name"])
+                self._ready.pop(volume["Name"], None)
             except derr.APIError as e:
                 log.info("docker backend: old bundle volume %s kept: %s", volume["Name"], e)
         return removed

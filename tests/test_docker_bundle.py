@@ -11,7 +11,7 @@ import uuid
 import pytest
 
 from conftest import DOCKER_IMAGES, INJECTOR_IMAGE, docker_engine, needs
-from orchard_gym import SandboxClient
+from orchard_gym import InvalidRequest, SandboxClient
 
 gateway, why_not = docker_engine()
 pytestmark = [pytest.mark.docker, needs("docker", why_not)]
@@ -43,6 +43,10 @@ def test_sandboxes_share_one_read_only_bundle_none_can_change(tmp_path):
             assert a.exec("cat /proc/mounts | grep ' /opt/orchard-agent '").stdout.split()[3].startswith("ro")
             assert b.exec(BUNDLE_SUM).stdout == before and before
             assert b.exec("echo still-fine").stdout == "still-fine\n"
+            # a taken id is refused by the engine's name check, and the sandbox holding it is untouched
+            with pytest.raises(InvalidRequest, match="already exists"):
+                client.create_sandbox(image=BUSYBOX, sandbox_id=a.sandbox_id)
+            assert a.exec("echo a-fine").stdout == "a-fine\n"
 
 
 def test_concurrent_creates_fill_once_and_crashed_fill_is_redone():
