@@ -155,7 +155,7 @@ def docker_lifecycle_rows(args) -> list[dict]:
         before = getattr(args, "before", None)
         if before:
             out = subprocess.run([before, "-c", BEFORE_SNIPPET, image, str(n)], check=True,
-                                 capture_output=True, text=True).stdout
+                                 stdout=subprocess.PIPE, text=True).stdout  # its errors show on stderr
             rows.append(_row(f"sandbox create -> ready [blocked] (before: {before})", json.loads(out.splitlines()[-1])))
         for block in (True, False):
             ready, deleted = [], []
