@@ -154,7 +154,8 @@ def docker_lifecycle_rows(args) -> list[dict]:
         floor += bare_run_ready(cli, image, bundle, backend.config.network, n)
         before = getattr(args, "before", None)
         if before:
-            out = subprocess.run([before, "-c", BEFORE_SNIPPET, image, str(n)], check=True,
+            # cwd "/": `python -c` puts the cwd first on sys.path, which would mix this checkout in
+            out = subprocess.run([before, "-c", BEFORE_SNIPPET, image, str(n)], check=True, cwd="/",
                                  stdout=subprocess.PIPE, text=True).stdout  # its errors show on stderr
             rows.append(_row(f"sandbox create -> ready [blocked] (before: {before})", json.loads(out.splitlines()[-1])))
         for block in (True, False):
