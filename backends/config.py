@@ -170,6 +170,10 @@ class KubernetesBackendConfig(BaseModel):
                                 description="init container image that copies the agent bundle into the pod")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
     injector_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    agent_volume: Literal["init", "image"] = Field(
+        "init", description="init: an init container copies the bundle into an emptyDir per pod; image: the "
+                            "injector image is mounted read-only as an image volume (its /bundle, no copy; needs "
+                            "Kubernetes >= 1.33 with the ImageVolume feature gate)")
     image_pull_secrets: list[Annotated[str, Field(pattern=_DNS_SUBDOMAIN)]] = Field(default_factory=list)
     service_account: str | None = Field(None, pattern=_DNS_SUBDOMAIN,
                                         description="of the sandbox pods (its token is never mounted)")

@@ -3,11 +3,11 @@ injected into it. Works against Docker Engine and Podman's Docker-compatible API
 
 Injection (no task image is ever rebuilt, and it needs no Python in it):
 
-1. a volume `PREFIX-ID` is created;
-2. an init container from the injector image (`scripts/build_injector_image.sh`) copies
-   the self-contained agent bundle (its own loader, libc and Python; see
-   docs/agent_bundle.md) into it;
-3. the task container starts from the task image with the volume mounted read-only at
+1. once per injector image (`scripts/build_injector_image.sh`), a filler container from it
+   copies the self-contained agent bundle (its own loader, libc and Python; see
+   docs/agent_bundle.md) into the shared volume `PREFIX-bundle-<image id>`
+   (backends/docker_bundle.py: safe under concurrent creates, old versions swept);
+2. every task container starts from the task image with that volume mounted read-only at
    /opt/orchard-agent and the bundle's loader as its entrypoint, so the image's own
    entrypoint never runs. `init=True` puts a tiny init at PID 1 that reaps zombies;
    the agent's token and `ORCHARD_SANDBOX=<id>` travel in the container's environment.
@@ -57,6 +57,7 @@ from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, Orch
 from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord
 
 from . import engine_stats, host_guard, procs
+from .docker_bundle import SharedBundle, name_in_use
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 from .snapshots_docker import DockerSnapshots
@@ -177,6 +178,7 @@ class DockerBackend(Backend):
         self.local_engine = self.base_url.startswith("unix://")
         if self.local_engine:
             warn_network_sysctls()
+        self.bundle = SharedBundle(self)
         try:
             self.swept = self._sweep()  # what crashed clients left behind
         except Exception as e:  # never fail start-up over someone else's leftovers
@@ -277,17 +279,11 @@ class DockerBackend(Backend):
         sandbox_id = spec.sandbox_id or new_sandbox_id()
         name = self._name(sandbox_id)
         image = run_image = spec.image or cfg.default_image
-        try:
-            self.api.inspect_container(name)
-            raise InvalidRequest(f"sandbox {sandbox_id} already exists")
-        except derr.NotFound:
-            pass
-        agent_volume = None  # a fork mounts the shared, already injected bundle (snapshots_docker.py)
         if spec.from_snapshot is not None:  # its files, under the task image's name
             image, run_image = self.snapshots.image_for(spec.from_snapshot, spec.image)
-            agent_volume = self.snapshots.agent_volume()
         image_info = self._ensure_image(run_image)
-        self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
+        injector = self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
+        bundle = self.bundle.ensure(injector)  # one shared read-only volume per injector version
         if spec.block_network:
             self._ensure_network()
         workdir = cfg.workdir or (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
@@ -298,10 +294,9 @@ class DockerBackend(Backend):
         labels = {**ours, self.role_label: "sandbox", self.spec_label: json.dumps(meta),
                   **{self.user_label + k: v for k, v in spec.labels.items()}}
         try:
-            self.api.create_volume(name, labels=ours)
             host_config = self.api.create_host_config(
                 init=True,  # reaps zombies; the agent is not PID 1
-                mounts=[docker.types.Mount(AGENT_DIR, agent_volume or name, type="volume", read_only=True)],
+                mounts=[docker.types.Mount(AGENT_DIR, bundle, type="volume", read_only=True, no_copy=True)],
                 nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # no swap beyond the limit: it is a real cap
@@ -321,11 +316,9 @@ class DockerBackend(Backend):
                     host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
                 )
             except derr.APIError as e:
-                if e.status_code == 409:  # lost a race for the name: the volume is the winner's
+                if name_in_use(e):  # the id is taken (or another create won the race for it)
                     raise _NameTaken from None
                 raise
-            if agent_volume is None:
-                self._inject(name, ours)  # only once the name is ours: never rewrite a winner's bundle
             self.api.start(name)
             return self._record(self.api.inspect_container(name))
         except _NameTaken:
@@ -339,21 +332,6 @@ class DockerBackend(Backend):
             if isinstance(e, Exception) and not isinstance(e, OrchardError):
                 raise BackendError(f"cannot start sandbox {sandbox_id}: {e}") from None
             raise
-
-    def _inject(self, volume: str, labels: dict) -> None:
-        """Run the injector image once to copy the agent bundle into the volume."""
-        host_config = self.api.create_host_config(network_mode="none",
-                                                  mounts=[docker.types.Mount("/agent", volume, type="volume")])
-        ctr = self.api.create_container(self.config.injector_image, name=f"{volume}-inject",
-                                        labels={**labels, self.role_label: "injector"}, host_config=host_config)
-        try:
-            self.api.start(ctr)
-            code = self.api.wait(ctr, timeout=self.config.api_timeout).get("StatusCode")
-            if code != 0:
-                tail = self.api.logs(ctr, tail=20).decode("utf-8", "replace").strip()
-                raise BackendError(f"agent injection into {volume} failed (exit {code}): {tail}")
-        finally:
-            self.api.remove_container(ctr, force=True)
 
     # ------------------------------------------------------------------ query
     def _record(self, attrs: dict, with_logs: bool = False) -> SandboxRecord:
@@ -466,10 +444,10 @@ class DockerBackend(Backend):
         return await self._run(self._destroy, self._name(sandbox_id))
 
     def _destroy(self, name: str) -> bool:
-        """Kill and remove the container (all its processes die with it), then its volume."""
+        """Kill and remove the container (all its processes die with it), then the per-sandbox
+        volume that sandboxes of earlier versions had (the shared bundle volume stays)."""
         found = False
         for remove in (lambda: self.api.remove_container(name, force=True),
-                       lambda: self.api.remove_container(f"{name}-inject", force=True),
                        lambda: self.api.remove_volume(name, force=True)):
             try:
                 remove()
@@ -504,6 +482,11 @@ class DockerBackend(Backend):
                     removed.add(labels.get(self.sandbox_label, volume["Name"]))
                 except derr.APIError as e:  # in use by a container we did not remove
                     log.warning("docker backend: cannot remove volume %s: %s", volume["Name"], e)
+        try:  # bundle volumes of injector versions gone from the engine
+            current = self.api.inspect_image(self.config.injector_image)["Id"]
+        except derr.APIError:
+            current = None
+        removed.update(self.bundle.sweep(current))
         return sorted(removed)
 
     async def sweep(self) -> list[str]:

@@ -1,5 +1,6 @@
 """What the kubernetes backend writes to the API server: the sandbox pod (the task's image
-with the agent injected by an init container), its token Secret and the NetworkPolicies.
+with the agent injected by an init container, or mounted from an image volume with
+agent_volume="image"), its token Secret and the NetworkPolicies.
 A mixin of `KubernetesBackend` (backends/kubernetes.py), which provides `config`,
 `namespace`, the label names and `owner`."""
 
@@ -18,6 +19,7 @@ AGENT_VOLUME = "orchard-agent"
 TASK_CONTAINER = "sandbox"
 INJECT_CONTAINER = "inject-agent"
 RESTRICTED_UID = 65532
+INJECTOR_BUNDLE_DIR = "bundle"  # where deploy/Dockerfile.agent-injector keeps the bundle
 
 
 class PodManifests:
@@ -87,6 +89,12 @@ class PodManifests:
                                 "capabilities": {"drop": ["ALL"]},
                                 **({"runAsUser": uid, "runAsNonRoot": True} if uid is not None else {})},
         }
+        init_containers = [injector]
+        if cfg.agent_volume == "image":  # the injector image itself, read-only: nothing to copy, no init container
+            volumes[0] = {"name": AGENT_VOLUME,
+                          "image": {"reference": cfg.injector_image, "pullPolicy": cfg.injector_pull_policy}}
+            mounts[0] = {**mounts[0], "subPath": INJECTOR_BUNDLE_DIR}
+            init_containers = []
         pod_spec = {
             "restartPolicy": "Never",
             "automountServiceAccountToken": False,
@@ -96,7 +104,7 @@ class PodManifests:
             "terminationGracePeriodSeconds": 2,
             "securityContext": {"seccompProfile": {"type": "RuntimeDefault"},
                                 **({"runAsNonRoot": True, "fsGroup": uid} if uid is not None else {})},
-            "initContainers": [injector],
+            **({"initContainers": init_containers} if init_containers else {}),
             "containers": [container],
             "volumes": volumes,
         }

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound, SnapshotNotFound
@@ -42,29 +41,6 @@ class DockerSnapshots:
         # label values stay plain words: the engines parse LABEL changes each their own way
         self.snapshot_label, self.image_label, self.created_label = \
             f"{p}.snapshot", f"{p}.snapshot-image", f"{p}.snapshot-created"
-        self._agent_lock = threading.Lock()
-
-    def agent_volume(self) -> str | None:
-        """The volume with the agent bundle that forks mount read-only, shared by every fork of
-        this injector image: injected once, so a fork skips the injector run (seconds; most of
-        a create). A second, empty volume `NAME-ok` says the bundle is complete. None while
-        another process is still filling it (the fork then injects its own, as a create does)."""
-        b = self.b
-        try:
-            injector = b.api.inspect_image(b.config.injector_image)["Id"].split(":")[-1][:16]
-        except derr.ImageNotFound:
-            return None  # the create's own check says what is missing
-        name = f"{b.config.label_prefix}-agent-{injector}"
-        with self._agent_lock:
-            if _volume_exists(b.api, name + "-ok"):
-                return name
-            if _volume_exists(b.api, name):
-                return None
-            labels = {b.role_label: "agent-cache", b.creator_label: b.identity}
-            b.api.create_volume(name, labels=labels)
-            b._inject(name, labels)
-            b.api.create_volume(name + "-ok", labels=labels)
-            return name
 
     def _ref(self, snapshot_id: str) -> str:
         if not isinstance(snapshot_id, str) or not SNAPSHOT_ID_RE.match(snapshot_id):
@@ -190,10 +166,3 @@ class DockerSnapshots:
                         log.warning("docker backend: cannot remove snapshot image %s: %s", tag, e)
         return removed
 
-
-def _volume_exists(api, name: str) -> bool:
-    try:
-        api.inspect_volume(name)
-        return True
-    except derr.NotFound:
-        return False

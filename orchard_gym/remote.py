@@ -37,6 +37,7 @@ from .errors import (
 )
 from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
                      SnapshotRecord, check_snapshot_id)
+from .rest_http import RestHTTP, RestResponse
 from .retry import RetryPolicy, retrying
 
 # what the server's `error` field names -> the exception to raise
@@ -105,7 +106,8 @@ class RemoteControl(SandboxControl):
                               timeout=httpx.Timeout(timeout, connect=10.0, pool=None),
                               limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool,
                                                   keepalive_expiry=30.0))
-            for _ in range(POOLS)]
+            for _ in range(POOLS)]  # streamed routes only (exec/stream): the JSON routes use _rest
+        self._rest = RestHTTP(self.base_url, headers, max_connections=max_connections, ssl=verify or None)
         self._next_pool = 0
         self._auto_heartbeat = heartbeat
         self._owned: set[str] = set()
@@ -114,12 +116,12 @@ class RemoteControl(SandboxControl):
 
     # ------------------------------------------------------------------ plumbing
     async def _request(self, method: str, path: str, *, json_body=None, params: dict | None = None,
-                       idempotent: bool = True, timeout: float | None = None) -> httpx.Response:
+                       idempotent: bool = True, timeout: float | None = None) -> RestResponse:
         try:
             async for attempt in retrying(self.retry, idempotent=idempotent):
                 with attempt:
-                    resp = await self._http.request(method, path, json=json_body, params=params,
-                                                    timeout=self._timeout(timeout))
+                    resp = await self._rest.request(method, path, json=json_body, params=params,
+                                                    timeout=self.timeout if timeout is None else timeout)
                     if resp.status_code == 503:
                         raise error_for(503, _body(resp))  # ServiceUnavailable: retried
         except httpx.TimeoutException as e:
@@ -340,10 +342,10 @@ class RemoteControl(SandboxControl):
             except (asyncio.CancelledError, Exception):
                 pass
             self._beater = None
-        await asyncio.gather(*(pool.aclose() for pool in self._pools), return_exceptions=True)
+        await asyncio.gather(self._rest.aclose(), *(pool.aclose() for pool in self._pools), return_exceptions=True)
 
 
-def _body(resp: httpx.Response):
+def _body(resp: httpx.Response | RestResponse):
     try:
         return resp.json()
     except ValueError:

@@ -5,9 +5,11 @@ the same thing, measured in the same run:
 - `docker_rows(args)` for `bench_exec.py --backend docker`: exec round trip through the
   agent vs `podman exec` (the CLI) and the docker SDK's `exec_run`, on the same container;
 - `docker_lifecycle_rows(args)` for `bench_lifecycle.py --backend docker`: create -> ready
-  (and delete) of one sandbox at a time vs a bare `podman run --rm IMAGE true`.
+  (and delete) of one sandbox at a time vs the floor: a bare `podman run -d` of the same image,
+  bundle volume and network, with the agent as entrypoint, until its first /health answers.
+  `--before PYTHON` adds another checkout's create -> ready in the same run.
 
-    python scripts/bench_docker.py [exec|lifecycle] [-n N] [--image IMAGE]
+    python scripts/bench_docker.py [exec|lifecycle] [-n N] [--image IMAGE] [--before PYTHON]
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import statistics
 import subprocess
 import time
 
-LIFECYCLE_SAMPLES = 20  # create->ready runs one at a time: ~1.5 s each here
+LIFECYCLE_SAMPLES = 20  # create->ready runs one at a time: ~0.4 s each here (1.4 s copying the bundle)
 CLI_SAMPLES = 100  # `podman exec` costs ~100 ms each
 
 
@@ -70,16 +72,92 @@ def docker_rows(args) -> list[dict]:
     return rows
 
 
+# create -> ready of one sandbox at a time, run by another checkout's interpreter (--before)
+BEFORE_SNIPPET = """
+import json, sys, time
+from orchard_gym import SandboxClient
+image, n = sys.argv[1], int(sys.argv[2])
+out = []
+with SandboxClient({"type": "docker"}) as client:
+    client.create_sandbox(image=image).delete()  # warm-up
+    for _ in range(n):
+        t = time.perf_counter()
+        box = client.create_sandbox(image=image)
+        out.append(time.perf_counter() - t)
+        box.delete()
+print(json.dumps(out))
+"""
+
+
+def _health_over_socket(path: str, deadline: float) -> None:
+    """Poll GET /health on the agent's unix socket (the backoff of Backend.wait_ready)."""
+    import socket
+
+    delay = 0.002
+    while True:
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(2)
+                s.connect(path)
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+                if s.recv(64).split(b" ")[1:2] == [b"200"]:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bare container's agent not healthy at {path}")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
+
+
+def bare_run_ready(cli: str, image: str, bundle: str, network: str, n: int) -> list[float]:
+    """The floor: `podman run -d` of the same image, bundle volume (read-only) and network, with the
+    bundle's agent as entrypoint, until its first /health answers (on a unix socket in a bind-mounted
+    folder, so no inspect is needed to find it); removed after each sample, untimed."""
+    import hashlib
+    import tempfile
+
+    from orchard_gym.backends.docker import AGENT_ARGS, AGENT_DIR, LOADER
+
+    samples = []
+    for i in range(n + 1):  # the first is a warm-up
+        with tempfile.TemporaryDirectory(prefix="ogb-bare-") as d:
+            name = f"orchard-gym-bench-bare-{i}"
+            argv = [cli, "run", "-d", "--rm", "--init", "--name", name, "--network", network,
+                    "--mount", f"type=volume,src={bundle},dst={AGENT_DIR},ro=true", "-v", f"{d}:/run/orchard",
+                    "--entrypoint", LOADER, image, *AGENT_ARGS, "--socket", "/run/orchard/a.sock", "--cwd", "/",
+                    "--token-sha256", hashlib.sha256(b"bench").hexdigest()]
+            t = time.perf_counter()
+            subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+            _health_over_socket(f"{d}/a.sock", time.monotonic() + 60)
+            if i:
+                samples.append(time.perf_counter() - t)
+            subprocess.run([cli, "rm", "-f", "-t", "0", name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return samples
+
+
 def docker_lifecycle_rows(args) -> list[dict]:
-    """One sandbox at a time: create -> ready and delete, vs `podman run --rm IMAGE true`."""
+    """One sandbox at a time: create -> ready and delete, against the floor (`podman run -d` of the
+    same container + first health check) and, with --before PYTHON, another checkout's code."""
+    import json
+
     from orchard_gym import SandboxClient
 
     image, cli = _image(args), _cli()
     n = max(2, min(args.n, LIFECYCLE_SAMPLES))
-    rows = [_measure(f"{cli.rsplit('/', 1)[-1]} run --rm IMAGE true [CLI, baseline]",
-                     lambda: subprocess.run([cli, "run", "--rm", image, "true"], check=True),
-                     n, warmup=1)]
+    cli_name = cli.rsplit("/", 1)[-1]
+    rows, floor = [], []
     with SandboxClient({"type": "docker"}) as client:
+        backend = client.backend
+        client.create_sandbox(image=image).delete()  # the network and the bundle volume exist from here
+        bundle = backend.bundle.ensure(backend.api.inspect_image(backend.config.injector_image))
+        floor += bare_run_ready(cli, image, bundle, backend.config.network, n)
+        before = getattr(args, "before", None)
+        if before:
+            # cwd "/": `python -c` puts the cwd first on sys.path, which would mix this checkout in
+            out = subprocess.run([before, "-c", BEFORE_SNIPPET, image, str(n)], check=True, cwd="/",
+                                 stdout=subprocess.PIPE, text=True).stdout  # its errors show on stderr
+            rows.append(_row(f"sandbox create -> ready [blocked] (before: {before})", json.loads(out.splitlines()[-1])))
         for block in (True, False):
             ready, deleted = [], []
             for _ in range(n):
@@ -91,16 +169,10 @@ def docker_lifecycle_rows(args) -> list[dict]:
                 deleted.append(time.perf_counter() - t)
             net = "blocked" if block else "open"
             rows += [_row(f"sandbox create -> ready [{net}]", ready), _row(f"sandbox delete [{net}]", deleted)]
-        # where create's time goes: copying the bundle into a fresh volume (the init container)
-        backend, inject = client.backend, []
-        for i in range(n):
-            volume = f"{backend.config.label_prefix}-bench-inject-{i}"
-            backend.api.create_volume(volume, labels={backend.owner_label: backend.owner})
-            t = time.perf_counter()
-            backend._inject(volume, {backend.owner_label: backend.owner})
-            inject.append(time.perf_counter() - t)
-            backend.api.remove_volume(volume, force=True)
-        rows.append(_row("  of which: agent injection (init container)", inject))
+        floor += bare_run_ready(cli, image, bundle, backend.config.network, n)  # again: the load drifts
+    rows.insert(0, _row(f"{cli_name} run -d + first /health [CLI, floor]", floor))
+    rows.append(_measure(f"{cli_name} run --rm IMAGE true [CLI]",
+                         lambda: subprocess.run([cli, "run", "--rm", image, "true"], check=True), n, warmup=1))
     return rows
 
 
@@ -116,6 +188,9 @@ def main() -> None:
     p.add_argument("what", nargs="?", default="exec", choices=["exec", "lifecycle"])
     p.add_argument("-n", type=int, default=200, help="samples per variant (capped for the slow ones)")
     p.add_argument("--image", default=None, help="task image (default: the backend's default_image)")
+    p.add_argument("--before", metavar="PYTHON", default=None,
+                   help="lifecycle: also time create -> ready with this interpreter's orchard_gym (e.g. a main "
+                        "checkout's .venv/bin/python), in the same run")
     args = p.parse_args()
     print_rows(docker_rows(args) if args.what == "exec" else docker_lifecycle_rows(args))
 

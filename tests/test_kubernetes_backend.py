@@ -364,6 +364,26 @@ def test_agent_injected_into_busybox_seen_from_inside(k8s_client, fake_k8s):
 
 
 @needs_podman
+def test_agent_from_an_image_volume_no_init_container(fake_k8s):
+    """agent_volume="image": the injector image is mounted read-only (its /bundle), nothing is copied."""
+    kubernetes_validate = require_module("kubernetes-validate", "kubernetes_validate")
+    with SandboxClient(fake_k8s.backend_config(agent_volume="image")) as client:
+        cfg = client.backend.config
+        pod = client.backend.pod_manifest(SandboxSpec(image=BUSYBOX), "sb-1", "token")
+        kubernetes_validate.validate(pod, SCHEMA_VERSION, strict=True)
+        assert "initContainers" not in pod["spec"]
+        assert pod["spec"]["volumes"][0] == {"name": "orchard-agent", "image": {
+            "reference": cfg.injector_image, "pullPolicy": cfg.injector_pull_policy}}
+        assert pod["spec"]["containers"][0]["volumeMounts"][0] == {
+            "name": "orchard-agent", "mountPath": "/opt/orchard-agent", "readOnly": True, "subPath": "bundle"}
+        with client.create_sandbox(image=BUSYBOX) as box:
+            assert box.exec("echo $((6*7))").stdout == "42\n"
+            assert box.exec("touch /opt/orchard-agent/x").exit_code != 0  # read-only
+            _, live = fake_k8s.kube("GET", fake_k8s.pod_path(box.record.details["pod"]))
+            assert "initContainers" not in live["spec"] and not live["status"].get("initContainerStatuses")
+
+
+@needs_podman
 def test_exec_before_the_pod_has_an_ip_waits_for_it(k8s_client):
     box = k8s_client.create_sandbox(image=BUSYBOX, wait_ready=False)
     try:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
+import itertools
+import secrets
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -173,6 +174,12 @@ def _store_errors() -> tuple[type[BaseException], ...]:
     return (RedisConnectionError, RedisTimeout)
 
 
+# request ids: unique per replica without a urandom syscall per request (uuid4 was 3% of a
+# replica's CPU under load); the random prefix tells replicas and restarts apart
+_RID_PREFIX = secrets.token_hex(4)
+_rid_counter = itertools.count()
+
+
 class RequestContext:
     """Request ids, one JSON access-log line per request, and the HTTP metrics."""
 
@@ -187,7 +194,7 @@ class RequestContext:
             if key == b"x-request-id":
                 rid = value.decode("latin-1")[:64]
                 break
-        rid = rid or uuid.uuid4().hex[:16]
+        rid = rid or f"{_RID_PREFIX}{next(_rid_counter) & 0xFFFFFFFF:08x}"
         token = request_id.set(rid)
         status = 500
         started = time.perf_counter()

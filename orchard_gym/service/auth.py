@@ -72,7 +72,8 @@ class KeyRing:
         return Caller(given, admin=admin)
 
 
-def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> Caller:
+async def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> Caller:
+    # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per request
     caller = request.app.state.keyring.caller(key)
     request.state.caller = caller
     return caller

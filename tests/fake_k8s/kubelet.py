@@ -4,7 +4,10 @@
 
 - scheduling: sets spec.nodeName and the PodScheduled condition;
 - volumes: each `emptyDir` is a fresh Podman volume, mode 0777 like a real emptyDir; a
-  `hostPath` is a bind mount of that path of this machine (the node);
+  `hostPath` is a bind mount of that path of this machine (the node); an `image` volume
+  (KEP-4639) is mounted read-only, always; deviation: the fake copies the mount's subPath
+  of that image into a fresh Podman volume (so that image needs /bin/sh), where a real
+  kubelet mounts the image's filesystem;
 - init containers run first, one at a time, without network; a non-zero exit fails the
   pod (restartPolicy Never, the only one sandboxes use);
 - the main containers: command/args, env (value, secretKeyRef read from the store,
@@ -257,8 +260,12 @@ class PodmanKubelet:
                     return FATAL
                 volumes[v["name"]] = ("bind", path)
                 continue
+            if "image" in v:
+                volumes[v["name"]] = v["image"]  # made per mount (its subPath), in _create
+                continue
             if "emptyDir" not in v:
-                self._fail(rt, "Failed", f"fake kubelet: volume {v['name']!r}: only emptyDir and hostPath are supported")
+                self._fail(rt, "Failed", f"fake kubelet: volume {v['name']!r}: only emptyDir, hostPath and image "
+                                         "are supported")
                 return FATAL
             vname = f"fk8s-{rt.uid[:13]}-{v['name']}"[:60]
             self.api.create_volume(vname, labels={INSTANCE_LABEL: self.instance, "fake-k8s.pod-uid": rt.uid})
@@ -349,8 +356,16 @@ class PodmanKubelet:
                 path = src["fieldRef"]["fieldPath"]
                 env[e["name"]] = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"],
                                   "metadata.uid": meta["uid"], "spec.nodeName": self.node}.get(path, "")
-        mounts = [docker.types.Mount(m["mountPath"], *_source(volumes[m["name"]]), read_only=bool(m.get("readOnly")))
-                  for m in c.get("volumeMounts") or []]
+        mounts = []
+        for m in c.get("volumeMounts") or []:
+            source = volumes[m["name"]]
+            if isinstance(source, dict):  # an image volume: read-only whatever the mount says
+                source = self._image_volume(rt, m["name"], source, m.get("subPath", ""))
+                if source is FATAL:
+                    return FATAL
+                mounts.append(docker.types.Mount(m["mountPath"], source, type="volume", read_only=True))
+                continue
+            mounts.append(docker.types.Mount(m["mountPath"], *_source(source), read_only=bool(m.get("readOnly"))))
         limits = (c.get("resources") or {}).get("limits") or {}
         mem = int(parse_quantity(limits["memory"])) if "memory" in limits else None
         cpus = parse_quantity(limits["cpu"]) if "cpu" in limits else None
@@ -376,6 +391,33 @@ class PodmanKubelet:
         )["Id"]
         self._track(rt, "container", cid)
         return cid
+
+    def _image_volume(self, rt: PodRuntime, name: str, ref: dict, sub_path: str):
+        """A Podman volume holding `sub_path` of the image `ref["reference"]` (see the module doc)."""
+        image = ref.get("reference", "")
+        try:
+            self.api.inspect_image(image)
+        except self.docker.errors.ImageNotFound:
+            self._fail(rt, "Failed", f"fake kubelet: image volume {name!r}: image {image!r} is not present "
+                                     f"(the fake never pulls)")
+            return FATAL
+        vname = f"fk8s-{rt.uid[:13]}-{name}-img"[:60]
+        self.api.create_volume(vname, labels={INSTANCE_LABEL: self.instance, "fake-k8s.pod-uid": rt.uid})
+        self._track(rt, "volume", vname)
+        filler = self.api.create_container(
+            image, entrypoint=["/bin/sh", "-c", 'cp -a "/$1/." /fk8s-fill/', "fill", sub_path.strip("/")],
+            labels={INSTANCE_LABEL: self.instance, "fake-k8s.pod-uid": rt.uid},
+            host_config=self.api.create_host_config(network_mode="none", mounts=[
+                self.docker.types.Mount("/fk8s-fill", vname, type="volume")]))["Id"]
+        try:
+            self.api.start(filler)
+            code = self.api.wait(filler, timeout=600).get("StatusCode")
+        finally:
+            self._quiet(self.api.remove_container, filler, force=True)
+        if code != 0:
+            self._fail(rt, "Failed", f"fake kubelet: image volume {name!r}: no {sub_path!r} in {image!r}")
+            return FATAL
+        return vname
 
     def _secret_value(self, rt: PodRuntime, c: dict, ref: dict) -> str | None:
         """The secret's key, waiting (like a kubelet retrying CreateContainerConfigError) until it exists."""
