@@ -83,7 +83,7 @@ class LocalBackend(Backend):
         if self.no_zygote_reason and self.config.spawner == "zygote":
             raise BackendError(f"spawner='zygote' but it cannot run here: {self.no_zygote_reason}")
         self.zygote = None if self.no_zygote_reason else Zygote(
-            _python()[0], os.path.realpath(AGENT_DIR), self.root / "zygote.log", self.config.die_with_client)
+            _python()[0], os.path.realpath(AGENT_DIR), self.root / ".zygote.log", self.config.die_with_client)  # a dot-name: sweep skips it
         self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
             raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
@@ -198,9 +198,7 @@ class LocalBackend(Backend):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": meta.get("sandbox_workdir", work),
                "LANG": "C.UTF-8",
                **spec.env, "ORCHARD_SANDBOX": meta["sandbox_id"]}
-        # a fork (from_snapshot) sees its folder at its snapshot's path, a bind only bubblewrap
-        # makes (the zygote binds paths onto themselves): forks take the bwrap path
-        zygote = self.zygote if meta.get("sandbox_workdir", work) == work else None
+        zygote = self.zygote
         meta["spawner"] = "zygote" if zygote else ("bwrap" if self.bwrap else "process")
         try:
             with open(home / "agent.log", "wb") as logf:

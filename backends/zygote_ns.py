@@ -115,13 +115,16 @@ def _make_dev() -> None:
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
-def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str]) -> None:
+def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str], workdir_at: str | None = None) -> None:
     """The sandbox's view of the file system (see the module docstring). Needs to be pid 1
-    of the new PID namespace (for /proc) inside a fresh mount namespace."""
+    of the new PID namespace (for /proc) inside a fresh mount namespace. `workdir_at`: where
+    the sandbox sees its workdir (a fork from a snapshot: at the snapshot's path, made on the
+    tmpfs that hides the sandboxes' root), by default at its own path."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the host
     # before anything covers them: what is bound back afterwards
-    back = [(os.open(p, os.O_PATH | os.O_CLOEXEC), p, w) for p, w in [*((k, False) for k in keep),
-                                                                       (workdir, True), (rundir, True)]]
+    back = [(os.open(p, os.O_PATH | os.O_CLOEXEC), at, w)
+            for p, at, w in [*((k, k, False) for k in keep), (workdir, workdir_at or workdir, True),
+                             (rundir, rundir, True)]]
     mount_setattr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_READ_ONLY:

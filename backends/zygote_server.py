@@ -38,7 +38,7 @@ import traceback
 
 MAX_REQUEST = 256 * 1024
 MAX_FDS = 16
-KEYS = {"v": int, "sandbox_id": str, "workdir": str, "rundir": str, "hide": list, "keep": list,
+KEYS = {"v": int, "sandbox_id": str, "workdir": str, "workdir_at": str, "rundir": str, "hide": list, "keep": list,
         "network": str, "env": dict, "agent_args": list, "cgroup_fds": int, "job_cgroup_index": (int, type(None))}
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 PR_SET_CHILD_SUBREAPER = 36
@@ -65,7 +65,7 @@ def check_request(req, nfds: int) -> dict:
         raise BadRequest(f"unknown request version {req['v']}")
     if not _SANDBOX_ID.match(req["sandbox_id"]):
         raise BadRequest("bad sandbox_id")
-    for key in ("workdir", "rundir"):
+    for key in ("workdir", "workdir_at", "rundir"):
         _path(req[key], key)
     for key in ("hide", "keep"):
         for p in req[key]:
@@ -158,11 +158,11 @@ def _sandbox_main(req: dict, log_fd: int, cgroup_fds: list[int], agent_main) -> 
     import zygote_ns as ns
 
     try:
-        ns.set_up_mounts(req["workdir"], req["rundir"], req["hide"], req["keep"])
+        ns.set_up_mounts(req["workdir"], req["rundir"], req["hide"], req["keep"], req["workdir_at"])
         socket.sethostname(req["sandbox_id"][:63])
         if req["network"] == "none":
             ns.loopback_up()
-        os.chdir(req["workdir"])
+        os.chdir(req["workdir_at"])
         ns.drop_capabilities()
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)

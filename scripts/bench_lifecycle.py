@@ -219,9 +219,15 @@ def main() -> None:
     p.add_argument("--redis", action="store_true", help="orchestrator state in a local redis-server")
     p.add_argument("--log-level", default="WARNING", help="the orchestrator's (INFO logs every request)")
     p.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    p.add_argument("--no-ledger", action="store_true", help="skip the cost ledger's usage read before each "
+                                                             "delete (client.account_usage = False): the bare floor")
     p.add_argument("--spawners", help="local, in-process only: one run per spawner, e.g. bwrap,zygote "
                                       "(LocalBackendConfig.spawner; see docs/backends.md)")
     args = p.parse_args()
+    if args.no_ledger:
+        from orchard_gym import AsyncSandboxClient
+
+        AsyncSandboxClient.account_usage = False  # every client this run makes (orchard_gym.ledger)
 
     base = Path(tempfile.mkdtemp(prefix="ogb-", dir="/tmp"))
     results = {}

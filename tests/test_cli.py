@@ -24,7 +24,7 @@ def test_sandbox_run_prints_output_and_passes_exit_code(local_root):
     assert (r.returncode, r.stdout, r.stderr) == (5, "out\n", "err\n")
     r = orchard("sandbox", "run", "--", "echo hello world", root=local_root)
     assert r.returncode == 0 and r.stdout == "hello world\n"
-    assert list(local_root.iterdir()) == []  # the sandbox was deleted
+    assert [p for p in local_root.iterdir() if not p.name.startswith(".")] == []  # the sandbox was deleted
 
 
 def test_sandbox_run_timeout(local_root):

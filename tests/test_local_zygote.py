@@ -151,7 +151,7 @@ def test_garbage_to_the_zygote_is_refused_and_it_keeps_serving(local_root):
                 os.close(fd)
         assert zygote.pid == pid and zygote.restarts == 0  # still the same zygote
         assert client.create_sandbox().exec("echo fine").stdout == "fine\n"
-    text = (local_root / "zygote.log").read_text()
+    text = (local_root / ".zygote.log").read_text()
     assert len(re.findall(r"refused a control message", text)) == 5, text
 
 

@@ -95,7 +95,7 @@ def test_docker_forks_are_independent_containers():
                 client.create_sandbox(DOCKER_IMAGES["bookworm"], from_snapshot=snap.snapshot_id)
             mounts = backend.api.inspect_container(fork.record.details["container"])["Mounts"]
             agent = next(m for m in mounts if m["Destination"] == "/opt/orchard-agent")
-            assert agent["Name"].startswith("orchard-gym-agent-") and not agent["RW"]  # the shared bundle
+            assert agent["Name"].startswith("orchard-gym-bundle-") and not agent["RW"]  # the shared bundle
 
         check_fork_correctness(client, DOCKER_IMAGES["busybox"], outside="/etc/marker", hook=check_image)
         # deleted while fork B ran on it, the image was only untagged; now nothing uses it: swept
