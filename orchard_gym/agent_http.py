@@ -19,6 +19,20 @@ from urllib.parse import urlencode, urlsplit
 CONNECT_TIMEOUT = 10.0  # seconds
 
 
+def parse_head(raw: bytes) -> tuple[str, int, dict[str, str]] | None:
+    """An HTTP/1.x response head -> (version, status, lower-cased headers); None if it is not one."""
+    lines = raw.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+        return None
+    headers = {}
+    for line in lines[1:]:
+        if ":" in line:
+            key, value = line.split(":", 1)
+            headers[key.strip().lower()] = value.strip()
+    return parts[0], int(parts[1]), headers
+
+
 class AgentConnectError(ConnectionError):
     """No connection could be made: nothing was sent, so a retry is always safe."""
 
@@ -146,19 +160,15 @@ class AgentHTTP:
 
     async def _read_head(self, conn: _Conn) -> tuple[int, dict[str, str]]:
         raw = await conn.reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise AgentProtocolError(f"not an HTTP response: {lines[0][:80]!r}")
-        headers = {}
-        for line in lines[1:]:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                headers[key.strip().lower()] = value.strip()
+        head = parse_head(raw)
+        first = raw.split(b"\r\n", 1)[0].decode("latin-1")[:80]
+        if head is None:
+            raise AgentProtocolError(f"not an HTTP response: {first!r}")
+        _, status, headers = head
         if not headers.get("server", "").startswith("orchard-agent/"):
             # a dead container's IP can be answered by whatever now holds or routes it
-            raise AgentProtocolError(f"not the agent answered: {lines[0][:80]!r}, server {headers.get('server')!r}")
-        return int(parts[1]), headers
+            raise AgentProtocolError(f"not the agent answered: {first!r}, server {headers.get('server')!r}")
+        return status, headers
 
     async def request(self, method: str, path: str, *, params: dict | None = None, body: bytes | None = None,
                       ctype: str = "application/json", timeout: float = 30.0) -> Response:

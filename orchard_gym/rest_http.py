@@ -23,6 +23,8 @@ from urllib.parse import urlencode, urlsplit
 
 import httpx
 
+from .agent_http import parse_head
+
 CONNECT_TIMEOUT = 10.0
 
 
@@ -137,17 +139,12 @@ class RestHTTP:
 
     async def _read(self, conn: _Conn, method: str) -> tuple[RestResponse, bool]:
         raw = await conn.reader.readuntil(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
-            raise ValueError(f"not an HTTP response: {lines[0][:80]!r}")
-        headers = {}
-        for line in lines[1:]:
-            if ":" in line:
-                key, value = line.split(":", 1)
-                headers[key.strip().lower()] = value.strip()
-        keep = headers.get("connection", "").lower() != "close" and parts[0] == "HTTP/1.1"
-        status = int(parts[1])
+        head = parse_head(raw)
+        if head is None:
+            first = raw.split(b"\r\n", 1)[0].decode("latin-1")[:80]
+            raise ValueError(f"not an HTTP response: {first!r}")
+        version, status, headers = head
+        keep = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
         if method == "HEAD" or status in (204, 304) or status < 200:
             return RestResponse(status, headers), keep
         if "chunked" in headers.get("transfer-encoding", "").lower():
