@@ -52,7 +52,6 @@ import hashlib
 import json
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -74,6 +73,7 @@ from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, Snapsh
 from .base import Backend, new_sandbox_id, new_token
 from .config import KubernetesBackendConfig
 from .docker import owner_gone, owner_identity
+from .kubernetes_api import ApiCalls
 from .kubernetes_manifests import TASK_CONTAINER, PodManifests
 from .snapshots_k8s import DirectorySnapshotStore, KubernetesSnapshots, default_snapshot_dir
 from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of this module's API
@@ -81,7 +81,6 @@ from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of thi
     PodWatcher,
     _api_message,
     _remember,
-    _retry_after,
     pod_is_ready,
     pod_status,
     pod_summary,
@@ -89,7 +88,6 @@ from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of thi
 
 try:
     import kubernetes
-    import urllib3
     from kubernetes.client.rest import ApiException
 except ImportError:  # pragma: no cover - the extra is missing
     kubernetes = None
@@ -99,7 +97,7 @@ log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- backend
-class KubernetesBackend(PodManifests, Backend):
+class KubernetesBackend(PodManifests, ApiCalls, Backend):
     name = "kubernetes"
 
     def __init__(self, config: KubernetesBackendConfig | None = None):
@@ -159,57 +157,6 @@ class KubernetesBackend(PodManifests, Backend):
         conf.retries = 0  # we retry, with backoff, ourselves
         conf.connection_pool_maxsize = cfg.workers + 4
         return kubernetes.client.ApiClient(conf)
-
-    # ------------------------------------------------------------------ API calls
-    def _call(self, fn, *args, idempotent: bool = True, retries: int | None = None, uncertain: list | None = None,
-              **kw) -> dict | None:
-        """One control-plane call (blocking): JSON in, dict out; bounded and retried. A retry
-        after an answer that may follow a done write (5xx) is noted in `uncertain`."""
-        cfg = self.config
-        kw.setdefault("_preload_content", False)
-        kw.setdefault("_request_timeout", (min(10.0, cfg.api_timeout), cfg.api_timeout))
-        retries = cfg.api_retries if retries is None else retries
-        delay, attempt = 0.05, 0
-        while True:
-            try:
-                with self._slots:
-                    self.counters["calls"] += 1
-                    resp = fn(*args, **kw)
-                data = resp.data
-                return json.loads(data) if data else None
-            except ApiException as e:
-                transient = e.status == 429 or (e.status or 0) >= 500 or e.status == 0
-                if not transient or attempt >= retries:
-                    raise
-                self.counters["throttled" if e.status == 429 else "retried"] += 1
-                if e.status != 429 and uncertain is not None:
-                    uncertain.append(e.status)
-                wait = _retry_after(e)
-            except urllib3.exceptions.HTTPError as e:
-                # refused before anything was sent: always safe; cut off later: only if idempotent
-                sent = not isinstance(getattr(e, "reason", e), urllib3.exceptions.NewConnectionError)
-                if attempt >= retries or (sent and not idempotent):
-                    raise BackendError(f"Kubernetes API at {self.server}: {e}") from None
-                self.counters["retried"] += 1
-                wait = None
-            attempt += 1
-            time.sleep(max(wait or 0.0, delay * (0.5 + random.random())))
-            delay = min(delay * 2, 5.0)
-
-    def _api(self, what: str, fn, *args, ok: tuple[int, ...] = (), **kw):
-        """_call with errors as typed OrchardErrors; statuses in `ok` come back as None."""
-        try:
-            return self._call(fn, *args, **kw)
-        except ApiException as e:
-            if e.status in ok:
-                return None
-            message = _api_message(e)
-            if e.status in (400, 422):
-                raise InvalidRequest(f"the cluster refused to {what}: {message}") from None
-            if e.status in (401, 403):
-                raise BackendError(f"the cluster refused to {what} ({e.status}: {message}); check the "
-                                   f"credentials and RBAC (deploy/k8s/base/rbac.yaml)") from None
-            raise BackendError(f"cannot {what}: {e.status} {message}") from None
 
     async def _run(self, fn, *args):
         return await run_in_thread(fn, *args)
