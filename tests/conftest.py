@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +34,37 @@ AGENT_PY = REPO / "orchard_gym" / "agent"  # a folder: python runs its __main__.
 HAS_BWRAP = shutil.which("bwrap") is not None
 WHY_NO_BWRAP = "" if HAS_BWRAP else "bwrap is not on PATH (bash scripts/setup_system.sh)"
 needs_bwrap = needs("bwrap", WHY_NO_BWRAP)
+
+
+def zygote_agent_pid(root, sandbox_id: str) -> int | None:
+    """The live host pid of a local sandbox's agent when the zygote forked it, else None. Such
+    an agent is its PID namespace's init (no signal from inside the sandbox can kill it) and
+    keeps the zygote's environment, so `marked_pids` does not find it; its commands it finds."""
+    from orchard_gym.backends import procs
+
+    try:
+        meta = json.loads((Path(root) / sandbox_id / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("spawner") != "zygote" or not procs.alive(meta.get("pid")):
+        return None
+    return meta["pid"]["pid"]
+
+
+def kill_agent(root, sandbox, from_inside) -> None:
+    """Kill a local sandbox's agent: from the host when the zygote made it (see
+    zygote_agent_pid), else by `from_inside()` (e.g. an exec of `kill -9 $PPID`)."""
+    pid = zygote_agent_pid(root, sandbox)
+    if pid is not None:
+        os.kill(pid, signal.SIGKILL)
+    else:
+        from_inside()
+
+
+def sandbox_pids(root, sandbox_id: str) -> list[int]:
+    """Every live process of a local sandbox: those carrying its marker, and its zygote agent."""
+    pid = zygote_agent_pid(root, sandbox_id)
+    return marked_pids(f"ORCHARD_SANDBOX={sandbox_id}") + ([pid] if pid is not None else [])
 
 
 def marked_pids(needle: str) -> list[int]:

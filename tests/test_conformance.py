@@ -7,16 +7,13 @@ images without Python or bash.
 from __future__ import annotations
 
 import http.server
-import json
-import os
-import signal
 import threading
 import time
 import uuid
 
 import pytest
 
-from conftest import client_kwargs, marked_pids, skip_without_netns, variant_limit, wait_until
+from conftest import client_kwargs, kill_agent, marked_pids, skip_without_netns, variant_limit, wait_until
 from orchard_gym import (
     AgentUnavailable,
     AsyncSandboxClient,
@@ -204,24 +201,20 @@ def test_get_list_and_cleanup_all(client, backend_case):
     assert not [r for r in client.list_sandboxes() if r.status != "deleted"]
 
 
-def _zygote_agent_pid(sandbox, backend_case, request) -> int | None:
-    """The host pid of a local sandbox's agent when the zygote made it, else None."""
-    meta = sandbox.refresh().details or {}
-    if backend_case.get("remote") and backend_case["config"]["type"] == "local":  # the orchestrator's backend
-        root = request.getfixturevalue("remote_orchestrator").root
-        meta = json.loads((root / sandbox.sandbox_id / "meta.json").read_text())
-    return meta["pid"]["pid"] if meta.get("spawner") == "zygote" else None  # procs.identity: {"pid", "start"}
-
-
 def test_dead_sandbox_gives_typed_error(sandbox, client, backend_case, request):
-    pid = _zygote_agent_pid(sandbox, backend_case, request)
-    if pid is not None:
-        # the zygote's agent is its PID namespace's init, which no signal from inside the
-        # sandbox can kill (the kernel's rule for a namespace's init): kill it from the host
-        os.kill(pid, signal.SIGKILL)
-    else:
+    root = None  # local sandboxes (in-process or the orchestrator's): their folder, for a zygote agent
+    if backend_case["config"]["type"] == "local":
+        root = (request.getfixturevalue("remote_orchestrator").root if backend_case.get("remote")
+                else backend_case["config"]["root"])
+
+    def from_inside():
         with pytest.raises((AgentUnavailable, SandboxFailed)):
             sandbox.exec("kill -9 $PPID", timeout=5)  # the agent dies under its own request
+
+    if root is None:
+        from_inside()
+    else:
+        kill_agent(root, sandbox.sandbox_id, from_inside)
     with pytest.raises((AgentUnavailable, SandboxFailed)):
         sandbox.exec("echo still?", timeout=5)
     assert wait_until(lambda: sandbox.refresh().status == "failed", 5)

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import HAS_BWRAP, REPO, marked_pids, needs_bwrap, wait_until
 from orchard_gym import InvalidRequest, SandboxClient
+from orchard_gym.backends import procs
 
 ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
 
@@ -157,13 +158,14 @@ def test_client_cleans_up_at_exit(local_root, how):
     }[how]
     proc = _spawn_client(local_root, "auto", f"""
         box = client.create_sandbox()
-        print(box.sandbox_id, flush=True)
+        print(box.sandbox_id, json.dumps(box.record.details["pid"]), flush=True)
         {ending}
     """)
-    sandbox_id = proc.stdout.readline().strip()
+    sandbox_id, agent = proc.stdout.readline().split(" ", 1)
     proc.wait(30)
     assert not (local_root / sandbox_id).exists()
     assert not marked_pids(f"ORCHARD_SANDBOX={sandbox_id}")
+    assert not procs.alive(json.loads(agent))  # the agent too (a zygote's carries no marker)
 
 
 def test_sandbox_outlives_client_when_asked_and_is_adopted(local_root):

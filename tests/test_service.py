@@ -17,7 +17,7 @@ import httpx
 import pytest
 from service_helpers import API_KEY, REPO, Orchestrator, remove_all_sandboxes, short_root
 
-from conftest import HAS_BWRAP, marked_pids, needs_bwrap, require_module, wait_until
+from conftest import HAS_BWRAP, kill_agent, marked_pids, needs_bwrap, require_module, sandbox_pids, wait_until, zygote_agent_pid
 from orchard_gym import AgentUnavailable, AuthenticationError, SandboxFailed, SandboxNotFound
 
 require_module("server", "fastapi")
@@ -232,8 +232,10 @@ def test_vanished_backend_resource_is_marked_failed(orch, http, box):
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             return f.read().split(b"\0")
 
-    agent = [pid for pid in marked_pids(f"ORCHARD_SANDBOX={box}")
-             if not argv(pid)[0].endswith(b"bwrap") and any(a.rstrip(b"/").endswith(b"/agent") for a in argv(pid))]
+    zygote = zygote_agent_pid(orch.root, box)  # the zygote's agent carries no marker (conftest)
+    agent = [zygote] if zygote is not None else [
+        pid for pid in marked_pids(f"ORCHARD_SANDBOX={box}")
+        if not argv(pid)[0].endswith(b"bwrap") and any(a.rstrip(b"/").endswith(b"/agent") for a in argv(pid))]
     assert len(agent) == 1
     os.kill(agent[0], signal.SIGKILL)  # the agent (and with it the sandbox) dies behind our back
     assert wait_until(lambda: http.get(f"/sandboxes/{box}").json()["status"] == "failed", 5)
@@ -241,7 +243,7 @@ def test_vanished_backend_resource_is_marked_failed(orch, http, box):
     assert "gone" in record["error"] or "vanished" in record["error"]
     r = http.post(f"/sandboxes/{box}/exec", json={"command": "true", "wait": True})
     assert r.status_code == 409 and r.json()["error"] == "SandboxFailed"
-    assert wait_until(lambda: not marked_pids(f"ORCHARD_SANDBOX={box}"), 5)
+    assert wait_until(lambda: not sandbox_pids(orch.root, box), 5)
 
 
 def test_client_that_stops_heartbeating_has_its_sandboxes_reaped(tmp_path_factory):
@@ -283,14 +285,14 @@ def test_restarted_replica_adopts_its_sandboxes(tmp_path_factory):
             http.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
             http.post(f"/sandboxes/{sid}/exec", json={"command": "echo before > mark.txt", "wait": True})
         orch.kill()  # SIGKILL: the in-memory store is gone, the sandbox is not
-        assert marked_pids(f"ORCHARD_SANDBOX={sid}")
+        assert sandbox_pids(orch.root, sid)
         orch.start()
         with orch.http() as http:
             assert http.get(f"/sandboxes/{sid}").json()["status"] == "running"
             out = http.post(f"/sandboxes/{sid}/exec", json={"command": "cat mark.txt", "wait": True}).json()
             assert out["stdout"] == "before\n"
             assert http.delete(f"/sandboxes/{sid}").json() == {"status": "deleted", "sandbox_id": sid}
-        assert wait_until(lambda: not marked_pids(f"ORCHARD_SANDBOX={sid}"), 5)
+        assert wait_until(lambda: not sandbox_pids(orch.root, sid), 5)
     finally:
         _teardown(orch)
 
@@ -316,8 +318,12 @@ def test_sdk_errors_are_typed_in_remote_mode(orch):
         with pytest.raises(SandboxNotFound):
             client.get_sandbox("never-was")
         box = client.create_sandbox()
-        with pytest.raises((AgentUnavailable, SandboxFailed)):
-            box.exec("kill -9 $PPID", timeout=5)  # the agent dies under its own request
+
+        def from_inside():
+            with pytest.raises((AgentUnavailable, SandboxFailed)):
+                box.exec("kill -9 $PPID", timeout=5)  # the agent dies under its own request
+
+        kill_agent(orch.root, box.sandbox_id, from_inside)
         assert wait_until(lambda: box.refresh().status == "failed", 5)
         with pytest.raises(SandboxFailed):
             box.exec("true")

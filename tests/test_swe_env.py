@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -13,7 +15,7 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import orchard_gym  # noqa: F401 - registers the env ids
-from conftest import REPO, needs
+from conftest import REPO, needs, zygote_agent_pid
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.rollout import run_episodes
 from orchard_gym.envs.swe.env import SWEEnv
@@ -230,9 +232,14 @@ def test_step_and_time_budgets_truncate_and_grade(local_root):
     timed.close()
 
 
-def test_dead_sandbox_ends_episode_with_error(env):
+def test_dead_sandbox_ends_episode_with_error(env, local_root):
     env.reset(options={"task_id": "semver-3.0.2"})
-    obs, reward, terminated, truncated, info = env.step(bash("kill -9 $PPID"))
+    action = bash("kill -9 $PPID")  # the agent dies under the policy's own command ...
+    pid = zygote_agent_pid(local_root, env.unwrapped.sandbox.sandbox_id)
+    if pid is not None:  # ... unless it is its namespace's init (the zygote's): then from the host
+        os.kill(pid, signal.SIGKILL)
+        action = bash("echo after")
+    obs, reward, terminated, truncated, info = env.step(action)
     assert truncated and not terminated and info["error"]
     assert env.unwrapped.trajectory.error and not env.unwrapped.trajectory.ok
     env.reset(options={"task_id": "semver-3.0.2"})  # and the env recovers on reset
