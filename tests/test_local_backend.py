@@ -153,7 +153,10 @@ def test_client_cleans_up_at_exit(local_root, how):
     ending = {
         "exit": "",
         "sigterm": "import os, signal; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)",
-        "sigint": "import os, signal; os.kill(os.getpid(), signal.SIGINT); time.sleep(30)",
+        # Ctrl-C as a fresh interpreter has it: a SIG_IGN inherited from the test process (a
+        # library earlier in the suite may have set one) would keep the child sleeping
+        "sigint": "import os, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                  "os.kill(os.getpid(), signal.SIGINT); time.sleep(30)",
         "exception": "raise RuntimeError('boom')",
     }[how]
     proc = _spawn_client(local_root, "auto", f"""
