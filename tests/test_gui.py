@@ -266,14 +266,15 @@ def test_docker_miniwob_screenshot_and_oracle():
 
 
 def test_the_terminal_readiness_probe_sees_a_shell_wait_for_input():
-    """The desktop start-up's probe (gui_daemon.foreground_shells / waiting_for_input) on a real
-    bash in a real pty: ready at its prompt, not ready while a command runs in the foreground."""
+    """The desktop start-up's probe (procwatch.foreground_shells / waiting_for_input, which
+    gui_daemon uses) on a real bash in a real pty: ready at its prompt, not ready while a
+    command runs in the foreground."""
     import os
     import subprocess
     import sys
     import time
 
-    from orchard_gym.envs.gui.sandbox import gui_daemon
+    from orchard_gym.envs.gui.sandbox import procwatch
 
     def until(predicate, timeout=30.0):
         deadline = time.monotonic() + timeout
@@ -288,17 +289,17 @@ def test_the_terminal_readiness_probe_sees_a_shell_wait_for_input():
     proc = subprocess.Popen([sys.executable, "-c", "import pty; pty.spawn(['bash', '--noprofile', '--norc'])"],
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env={**os.environ, "PS1": "$ "})
     try:
-        shells = until(lambda: gui_daemon.foreground_shells(proc.pid))
+        shells = until(lambda: procwatch.foreground_shells(proc.pid))
         assert len(shells) == 1 and open(f"/proc/{shells[0]}/comm").read().strip() == "bash"
-        assert until(lambda: gui_daemon.waiting_for_input(shells[0]))
+        assert until(lambda: procwatch.waiting_for_input(shells[0]))
         proc.stdin.write(b"sleep 30\n")
         proc.stdin.flush()
-        busy = until(lambda: [p for p in gui_daemon.foreground_shells(proc.pid) if p != shells[0]])
+        busy = until(lambda: [p for p in procwatch.foreground_shells(proc.pid) if p != shells[0]])
         assert open(f"/proc/{busy[0]}/comm").read().strip() == "sleep"
-        assert not gui_daemon.waiting_for_input(busy[0])  # sleeping, but not for input
+        assert not procwatch.waiting_for_input(busy[0])  # sleeping, but not for input
     finally:
         shells = locals().get("shells") or []
-        for pid in [*gui_daemon.foreground_shells(proc.pid), *shells]:  # the sleep and bash, then pty.spawn
+        for pid in [*procwatch.foreground_shells(proc.pid), *shells]:  # the sleep and bash, then pty.spawn
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:

@@ -28,8 +28,6 @@ import mmap
 import os
 import shutil
 import signal
-import socket
-import socketserver
 import subprocess
 import sys
 import threading
@@ -38,6 +36,8 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cdp  # noqa: E402
+from gui_server import Handler, Server  # noqa: E402
+from procwatch import foreground_shells, sandbox_pss_kib, waiting_for_input  # noqa: E402
 import xgrab  # noqa: E402
 import xinput  # noqa: E402
 
@@ -53,9 +53,6 @@ SCROLL_NOTCH = 100  # pixels per wheel click (Chromium on X11 scrolls about this
 URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
 TERMINALS = {"stterm", "st", "xterm", "x-terminal-emulator", "urxvt", "rxvt"}
-# a process blocked waiting for input: these syscalls (by machine) or kernel wait functions
-WAIT_SYSCALLS = {"x86_64": {0, 7, 23, 270, 271}, "aarch64": {63, 72, 73}}.get(os.uname().machine, set())
-WAIT_CHANNELS = ("n_tty_read", "wait_woken", "poll_schedule_timeout", "do_select", "do_sys_poll")
 
 
 class Daemon:
@@ -562,117 +559,6 @@ def chord(keys) -> str:
     """'ctrl+a' or ['ctrl', 'a'] -> xdotool's 'ctrl+a'; friendly names -> X keysyms."""
     parts = keys if isinstance(keys, list) else [p for p in keys.replace(" ", "").split("+") if p] or ["plus"]
     return "+".join(KEY_NAMES.get(p.lower(), p) if len(p) > 1 else p for p in parts)
-
-
-def _stat(pid: str) -> list[str] | None:
-    """/proc/PID/stat's fields after the command name: [state, ppid, pgrp, session, tty_nr, tpgid, ...]."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def foreground_shells(root: int) -> list[int]:
-    """The foreground process-group leaders of the ttys that `root`'s descendants hold
-    (a terminal's shell, or the command running in it)."""
-    stats = {int(p): st for p in os.listdir("/proc") if p.isdigit() and (st := _stat(p))}
-    children: dict[int, list[int]] = {}
-    for pid, st in stats.items():
-        children.setdefault(int(st[1]), []).append(pid)
-    found, todo = [], list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        todo += children.get(pid, [])
-        st = stats[pid]
-        if int(st[4]) != 0 and int(st[5]) == pid:  # has a controlling tty and leads its foreground group
-            found.append(pid)
-    return found
-
-
-def waiting_for_input(pid: int) -> bool:
-    st = _stat(str(pid))
-    if not st or st[0] != "S":
-        return False
-    try:  # the syscall it sleeps in (needs ptrace rights: a descendant of this daemon has them)
-        with open(f"/proc/{pid}/syscall") as f:
-            first = f.read().split()
-        if first and first[0].isdigit() and WAIT_SYSCALLS:
-            return int(first[0]) in WAIT_SYSCALLS
-    except OSError:
-        pass
-    try:
-        with open(f"/proc/{pid}/wchan") as f:
-            return f.read().startswith(WAIT_CHANNELS)
-    except OSError:
-        return False
-
-
-def sandbox_pss_kib() -> int:
-    """Proportional memory of every process this sandbox's PID namespace shows."""
-    total = 0
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/smaps_rollup") as f:
-                    for line in f:
-                        if line.startswith("Pss:"):
-                            total += int(line.split()[1])
-                            break
-            except OSError:
-                pass
-    return total
-
-
-class Handler(socketserver.StreamRequestHandler):
-    def handle(self) -> None:
-        daemon: Daemon = self.server.daemon_state
-        frame_buf = None  # this connection's shared frame buffer, once its hello asked for one
-        try:
-            for line in self.rfile:
-                fds = []
-                try:
-                    req = json.loads(line)
-                    if not isinstance(req, dict):
-                        raise ValueError("a request is a JSON object")
-                    reply, frame = daemon.handle(req, frame_buf)
-                    if req.get("op") == "hello" and req.get("frame_fd") and frame_buf is None:
-                        frame_buf, fds = self.shared_frame_buffer(daemon, reply)
-                except Exception as e:  # never die on one bad request
-                    reply, frame = {"ok": False, "error": f"{type(e).__name__}: {e}"}, b""
-                data = json.dumps(reply).encode() + b"\n" + frame
-                if fds:  # the buffer's fd rides with the hello's answer (SCM_RIGHTS), then is ours alone
-                    socket.send_fds(self.request, [data], fds)
-                    os.close(fds[0])
-                else:
-                    self.wfile.write(data)
-                    self.wfile.flush()
-                if req.get("op") == "stop" if isinstance(req, dict) else False:
-                    threading.Thread(target=self.server.shutdown, daemon=True).start()
-                    return
-        finally:
-            if frame_buf is not None:
-                try:
-                    frame_buf.close()
-                except BufferError:
-                    pass
-
-    @staticmethod
-    def shared_frame_buffer(daemon: Daemon, reply: dict) -> tuple[mmap.mmap | None, list[int]]:
-        """A memory file the size of one frame, mapped here; its fd goes to the client, which maps
-        it too (a client in the same kernel: the local backend). Without memfd/send_fds: none."""
-        if not (hasattr(os, "memfd_create") and hasattr(socket, "send_fds")):
-            return None, []
-        size = daemon.grabber.frame_bytes
-        fd = os.memfd_create("orchard-gui-frame", getattr(os, "MFD_CLOEXEC", 1))
-        os.ftruncate(fd, size)
-        buf = mmap.mmap(fd, size)
-        reply.update(frame_fd=True, frame_bytes=size)
-        return buf, [fd]
-
-
-class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
-    daemon_threads = True
 
 
 def main() -> None:
