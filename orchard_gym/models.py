@@ -49,6 +49,14 @@ def parse_cpu(value):
 Cpu = Annotated[float, BeforeValidator(parse_cpu), Field(gt=0, le=1024, allow_inf_nan=False)]
 
 
+def _checked_memory(value: int | str) -> int | str:
+    parse_memory(value)  # a clear ValueError for garbage; the value is kept as given
+    return value
+
+
+Memory = Annotated[int | str, AfterValidator(_checked_memory)]
+
+
 def parse_mtime(value):
     """A modification time: seconds since the epoch, or the ISO 8601 string of the REST API."""
     if isinstance(value, str):
@@ -76,7 +84,7 @@ class SandboxSpec(BaseModel):
     block_network: bool = True
     sandbox_id: str | None = Field(None, description="DNS-label id; generated when absent")
     cpu: Cpu | None = Field(None, description="cores: 1.5, or a quantity like '1500m'")
-    memory: int | str | None = Field(None, description="bytes, or '512m', '2Gi'")
+    memory: Memory | None = Field(None, description="bytes, or '512m', '2Gi'")
     timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False, description="seconds to wait for ready")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
     labels: dict[str, str] = Field(default_factory=dict)
@@ -92,12 +100,6 @@ class SandboxSpec(BaseModel):
     def _check_id(cls, v: str | None) -> str | None:
         if v is not None and not SANDBOX_ID_RE.match(v):
             raise ValueError("sandbox_id must be a DNS label: lowercase letters, digits, '-', at most 63")
-        return v
-
-    @field_validator("memory")
-    @classmethod
-    def _check_memory(cls, v):
-        parse_memory(v)
         return v
 
     @field_validator("env")

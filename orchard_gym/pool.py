@@ -31,7 +31,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidRequest, SandboxNotFound
-from .models import Cpu, SandboxRecord, SandboxSpec, parse_memory
+from .models import Cpu, Memory, SandboxRecord, SandboxSpec
 
 log = logging.getLogger("orchard_gym.pool")
 MAX_POOL_SIZE = 1000
@@ -47,7 +47,7 @@ class PoolSpec(BaseModel):
     image: str | None = Field(None, description="the image; None or 'host' on the local backend")
     size: int = Field(..., ge=0, le=MAX_POOL_SIZE, description="ready sandboxes to keep")
     cpu: Cpu | None = None
-    memory: int | str | None = None
+    memory: Memory | None = None
     block_network: bool = True
     env: dict[str, str] = Field(default_factory=dict)
     parallel: int = Field(4, ge=1, le=64, description="sandboxes created at once while refilling")
@@ -58,12 +58,6 @@ class PoolSpec(BaseModel):
     def _whole(cls, v):
         if isinstance(v, bool) or (isinstance(v, float) and not (math.isfinite(v) and v.is_integer())):
             raise ValueError("must be a whole number")
-        return v
-
-    @field_validator("memory")
-    @classmethod
-    def _check_memory(cls, v):
-        parse_memory(v)
         return v
 
     def sandbox_spec(self, labels: dict[str, str] | None = None) -> SandboxSpec:
