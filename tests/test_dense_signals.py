@@ -17,6 +17,7 @@ require_module("train", "trl")
 require_module("server", "starlette")
 
 from dense_servers import JudgeStub, TeacherServer, hand_logprobs  # noqa: E402
+from trainer_spy import spy  # noqa: E402
 
 from orchard_gym.algos.agent_rollout import AgentSample, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, AgentRolloutFunc, build_trainer, make_grpo_config  # noqa: E402
@@ -162,15 +163,7 @@ def test_opd_only_trl_step_with_a_server_teacher(tiny, local_root, tmp_path):
         config = make_grpo_config(tmp_path, args, steps=1, learning_rate=1e-2)
         trainer, rollout = build_trainer(student, tok, args, config, make_env=make_env,
                                          task_ids=["write-000", "secret-001"], metrics_path=tmp_path / "m.jsonl")
-        captured = []
-        original = trainer._generate_and_score_completions
-
-        def spy(inputs):
-            result = original(inputs)
-            captured.append((result, copy.deepcopy(rollout.last_output), rollout.last_slots))
-            return result
-
-        trainer._generate_and_score_completions = spy
+        captured = spy(trainer, lambda result: (result, copy.deepcopy(rollout.last_output), rollout.last_slots))
         before = {n: p.detach().clone() for n, p in student.named_parameters()}
         try:
             trainer.train()
@@ -327,15 +320,7 @@ def test_rpr_with_bar_trl_step(tiny, judge, local_root, tmp_path):
     config = make_grpo_config(tmp_path, args, steps=1, learning_rate=1e-2)
     trainer, rollout = build_trainer(student, tok, args, config, make_env=make_alternating_env,
                                      task_ids=["write-000"], metrics_path=tmp_path / "m.jsonl")
-    seen = []
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        result = original(inputs)
-        seen.append((copy.deepcopy(rollout.last_output), rollout.last_slots))
-        return result
-
-    trainer._generate_and_score_completions = spy
+    seen = spy(trainer, lambda result: (copy.deepcopy(rollout.last_output), rollout.last_slots))
     try:
         trainer.train()
     finally:

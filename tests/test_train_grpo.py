@@ -18,6 +18,7 @@ import math
 import pytest
 
 from conftest import require_module  # noqa: E402
+from trainer_spy import spy  # noqa: E402
 
 torch = require_module("train", "torch")
 require_module("train", "trl")
@@ -212,20 +213,6 @@ def test_context_budget_ends_the_episode_with_submit(tiny, make_env, local_root)
 
 
 # ------------------------------------------------------------------ real TRL steps
-def spy(trainer, rollout):
-    """Keep TRL's processed batch (advantages, masks) and our slots, step by step."""
-    captured = []
-    original = trainer._generate_and_score_completions
-
-    def wrapped(inputs):
-        out = original(inputs)
-        captured.append((out, rollout.last_slots))
-        return out
-
-    trainer._generate_and_score_completions = wrapped
-    return captured
-
-
 def expected_advantages(rewards):
     ok = [r for r in rewards if r is not None]
     mean = sum(ok) / len(ok)
@@ -242,7 +229,7 @@ def test_grpo_step_advantages_masks_and_loss(tiny, make_env, local_root, tmp_pat
     assert config.entropy_coef == 0.0 and config.num_generations == 4 and config.scale_rewards == "group"
     trainer, rollout = build_trainer(model, tok, args, config, make_env=make_env,
                                      task_ids=["write-000", "secret-001"], metrics_path=tmp_path / "m.jsonl")
-    captured = spy(trainer, rollout)
+    captured = spy(trainer, lambda out: (out, rollout.last_slots))  # TRL's batch and our slots
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
         trainer.train()
@@ -330,7 +317,7 @@ def test_bar_grpo_step_with_curriculum_and_plot(tiny, make_env, local_root, tmp_
     config = make_grpo_config(tmp_path, args, steps=2, learning_rate=1e-2)
     trainer, rollout = build_trainer(model, tok, args, config, make_env=make_env, task_ids=["write-000"],
                                      metrics_path=tmp_path / "metrics.jsonl")
-    captured = spy(trainer, rollout)
+    captured = spy(trainer, lambda out: (out, rollout.last_slots))  # TRL's batch and our slots
     try:
         trainer.train()
     finally:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import require_module  # noqa: E402
+from trainer_spy import spy  # noqa: E402
 
 torch = require_module("train", "torch")
 require_module("train", "trl")
@@ -93,15 +94,8 @@ def test_vlm_grpo_steps_images_masked_and_trained(tiny_vlm, local_root, tmp_path
     trainer, rollout = build_trainer(model, processor, args, config, make_env=make_env,
                                      task_ids=["colour-red", "colour-blue"])
     assert type(trainer).__name__ == "VisionGRPOTrainer"
-    captured, vision_calls = [], collections.Counter()
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        out = original(inputs)
-        captured.append((out, [s for slot in rollout.last_slots for s in slot.samples]))
-        return out
-
-    trainer._generate_and_score_completions = spy
+    vision_calls = collections.Counter()
+    captured = spy(trainer, lambda out: (out, [s for slot in rollout.last_slots for s in slot.samples]))
     model.model.vision_tower.register_forward_hook(
         lambda *_: vision_calls.update(["loss" if torch.is_grad_enabled() else "generate"]))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

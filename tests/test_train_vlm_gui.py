@@ -19,6 +19,7 @@ import shutil
 import pytest
 
 from conftest import require_module  # noqa: E402
+from trainer_spy import spy  # noqa: E402
 from components import require
 
 torch = require_module("train", "torch")
@@ -65,15 +66,7 @@ def test_vlm_grpo_on_gui_with_the_step_budget_curriculum(local_root, tmp_path):
     trainer, rollout = build_trainer(model, processor, args, config, make_env=make_env, task_ids=TASKS,
                                      metrics_path=tmp_path / "metrics.jsonl")
     assert type(trainer).__name__ == "VisionGRPOTrainer"
-    captured = []
-    original = trainer._generate_and_score_completions
-
-    def spy(inputs):
-        out = original(inputs)
-        captured.append((out, [s for slot in rollout.last_slots for s in slot.samples]))
-        return out
-
-    trainer._generate_and_score_completions = spy
+    captured = spy(trainer, lambda out: (out, [s for slot in rollout.last_slots for s in slot.samples]))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
         trainer.train()
