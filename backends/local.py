@@ -329,7 +329,7 @@ class LocalBackend(Backend):
             status = "running" if procs.alive(meta.get("pid")) else "failed"
         error = None
         if status == "failed":
-            error = "the sandbox's agent process is gone" + _log_tail(Path(meta["workdir"]).parent / "agent.log")
+            error = "the sandbox's agent process is gone" + procs.log_tail(Path(meta["workdir"]).parent / "agent.log", "agent")
         return SandboxRecord(
             sandbox_id=meta["sandbox_id"],
             image=meta["image"],
@@ -500,14 +500,6 @@ def _write_json(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
-
-
-def _log_tail(path: Path, size: int = 600) -> str:
-    try:
-        data = path.read_bytes()[-size:].decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-    return f"; agent log: {data}" if data else ""
 
 
 def _lost_mount_race(logfile: Path) -> bool:

@@ -1,4 +1,4 @@
-"""Process helpers for the local backend: identity that survives pid reuse, tree kills."""
+"""Process helpers for the local backend: identity that survives pid reuse, tree kills, log tails."""
 
 from __future__ import annotations
 
@@ -8,6 +8,16 @@ import sys
 import time
 
 _LINUX = sys.platform.startswith("linux")
+
+
+def log_tail(path, label: str, size: int = 600) -> str:
+    """"; LABEL log: <its last bytes>" for an error message, or "" when there is none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()[-size:].decode("utf-8", "replace").strip()
+    except OSError:
+        return ""
+    return f"; {label} log: {data}" if data else ""
 
 
 def _stat(pid: int) -> list[str] | None:

@@ -24,6 +24,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import procs
+
 log = logging.getLogger(__name__)
 SERVER = Path(__file__).with_name("zygote_server.py")
 START_TIMEOUT = 30.0  # seconds for the zygote's imports on a loaded host
@@ -83,7 +85,7 @@ class Zygote:
             mine.close()
             proc.kill()
             proc.wait()
-            raise ZygoteError(f"the zygote did not start ({ready!r}){_tail(self.log_path)}")
+            raise ZygoteError(f"the zygote did not start ({ready!r}){procs.log_tail(self.log_path, 'zygote')}")
         mine.settimeout(None)
         self._proc, self._control = proc, mine
 
@@ -185,21 +187,11 @@ def zygote_request(meta: dict, spec_env: dict, agent_args: list[str], hide: list
             "job_cgroup_index": job_cgroup_index}
 
 
-def _tail(path: Path, size: int = 600) -> str:
-    try:
-        data = path.read_bytes()[-size:].decode("utf-8", "replace").strip()
-    except OSError:
-        return ""
-    return f"; zygote log: {data}" if data else ""
-
-
 class ZygoteChild:
     """A zygote-made sandbox's process as the backend tracks it (a Popen's poll/wait; the
     zygote, not this process, is its parent and reaps it)."""
 
     def __init__(self, pid: int):
-        from . import procs
-
         self._procs, self.pid = procs, pid
         self.ident = procs.identity(pid)
 
