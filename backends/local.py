@@ -29,7 +29,7 @@ from pathlib import Path
 from orchard_gym.agent import AGENT_DIR
 from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
-from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
+from orchard_gym.models import HOST_IMAGES, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
 from . import procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
@@ -45,7 +45,6 @@ log = logging.getLogger(__name__)
 # with "bwrap: Can't ... mount ...". Nothing is wrong with the sandbox: start it again.
 _MOUNT_RACE = re.compile(r"^bwrap: Can't .*mount", re.M)
 MOUNT_RACE_RETRIES = 3
-HOST_IMAGES = (None, "", "host")
 _warned_no_bwrap = False
 
 

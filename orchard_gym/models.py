@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+HOST_IMAGES = (None, "", "host")  # what `image` says for "no image" (the local backend's host view)
 SNAPSHOT_ID_RE = re.compile(r"^snap-[0-9a-f]{16}$")  # never a path: no '/', no '..'
 RESERVED_ENV_PREFIX = "ORCHARD_"  # sandbox env names the backends set themselves
 SandboxStatus = Literal["pending", "running", "failed", "deleting", "deleted"]

@@ -31,12 +31,11 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidRequest, SandboxNotFound
-from .models import Cpu, Memory, SandboxRecord, SandboxSpec
+from .models import HOST_IMAGES, Cpu, Memory, SandboxRecord, SandboxSpec
 
 log = logging.getLogger("orchard_gym.pool")
 MAX_POOL_SIZE = 1000
 MAX_BACKOFF = 30.0
-HOST_IMAGES = (None, "", "host")
 
 
 class PoolSpec(BaseModel):
