@@ -91,7 +91,7 @@ def test_waits_are_woken_across_replicas(replicas):
         job = ha.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 0.5; echo hi"}).json()
         started = time.monotonic()
         done = hb.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 10}).json()
-        assert done["stdout"] == "hi\n" and time.monotonic() - started < 1.5
+        assert done["stdout"] == "hi\n" and time.monotonic() - started < 5  # woken, not the 10 s timeout (1.5 s flaked under load)
         ha.delete(f"/sandboxes/{sid}")
 
 
