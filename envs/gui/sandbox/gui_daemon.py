@@ -268,6 +268,12 @@ class Daemon:
             return None
         return self.active == self.task_target and url.split("#", 1)[0] == self.task_url.split("#", 1)[0]
 
+    def close_other_tabs(self) -> None:
+        self.sync_tabs()
+        for target in [t for t in self.tabs if t != self.active]:
+            cdp.http_json(self.devtools_port, f"/json/close/{target}")
+        self.tabs = [self.active]
+
     def windows(self) -> list[str]:
         r = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", "."], env=self.env,
                            capture_output=True, text=True, timeout=10)
@@ -535,6 +541,7 @@ class Daemon:
                 try:
                     self.cfg.update(start_url=req.get("start_url"), page_setup=req.get("page_setup"),
                                     done_expr=req.get("done_expr"))
+                    self.close_other_tabs()  # an episode starts on one tab, as after a cold start
                     self.load_task_page()
                 except (cdp.CDPError, OSError, ValueError) as e:
                     reply = {"ok": False, "error": str(e)}
