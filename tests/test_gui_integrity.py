@@ -158,9 +158,9 @@ def test_do_nothing_miniwob_baseline(env):
     assert sum(rewards.values()) == 0, rewards
 
 
-def _desktop(root, episodes):
+def _desktop(root, episodes, after: dict[str, str] | None = None):
     """Run (task_id, policy) episodes on one desktop env; each a fresh sandbox. Returns
-    [(trajectory, what xprop reads on the root window after it)]."""
+    [(trajectory, what xprop reads on the root window after it, `after`'s exit code there)]."""
     async def go():
         out = []
         async with AsyncSandboxClient({"type": "local", "root": str(root)}) as client:
@@ -171,7 +171,10 @@ def _desktop(root, episodes):
                     names = [name for name, _ in PROPERTY_SHORTCUTS.values()]
                     r = await env.sandbox.exec(["xprop", "-display", env.display.hello["display"], "-root", *names],
                                                timeout=30)
-                    out.append((trajectory, r.stdout))
+                    control = None
+                    if after:
+                        control = (await env.sandbox.exec(after[task_id], cwd=env.sandbox.workdir, timeout=30)).exit_code
+                    out.append((trajectory, r.stdout, control))
             finally:
                 await env.aclose()
         return out
@@ -204,11 +207,42 @@ def test_desktop_root_property_shortcuts_pay_nothing(root):
             {"name": "type", "arguments": {"text": f"xprop -root -f {name} 32c -set {name} {value}; sleep 600 &\n"}},
             {"name": "wait", "arguments": {"seconds": 1}}])))
     results = _desktop(root, episodes)
-    for (task_id, (name, value)), (trajectory, xprop) in zip(PROPERTY_SHORTCUTS.items(), results):
+    rewards = {}
+    for (task_id, (name, value)), (trajectory, xprop, _) in zip(PROPERTY_SHORTCUTS.items(), results):
         assert _root_property(xprop, name) == value, (task_id, xprop)  # control: main's check read this
-        assert trajectory.error is None and trajectory.reward == 0.0, (task_id, trajectory.report)
+        assert trajectory.error is None, trajectory.error
+        rewards[task_id] = trajectory.reward
+    assert set(rewards.values()) == {0.0}, (rewards, [t.report["checks"] for t, _, _ in results])
+    for trajectory, _, _ in results:
         assert not any(c["passed"] for c in trajectory.report["checks"]), trajectory.report
         assert "sleep" in trajectory.report["ended"] and not trajectory.report["stack_gone"], trajectory.report
+
+
+# file-state stand-ins typed in the terminal: (command, main's checks of that task as a shell test)
+FILE_STAND_INS = {
+    "desktop/terminal-move": ("touch archive/report.txt && rm report.txt",  # an empty file, the report lost
+                              "test -f archive/report.txt && ! test -e report.txt"),
+    "desktop/terminal-delete-logs": ("rm -f -- * && touch keep.txt",  # everything deleted, keep.txt remade empty
+                                     "! test -e app.log && ! test -e db.log && test -f keep.txt"),
+    "desktop/terminal-mkdir": ("ln -s /tmp projects", "test -d projects"),  # a symlink, no new folder
+    "desktop/terminal-chmod": ("rm run.sh && ln -s /bin/true run.sh", "test -x run.sh"),  # not the script
+}
+
+
+@pytest.mark.slow
+def test_desktop_file_stand_ins_pay_nothing(root):
+    """Commands that make a file check's stand-in, not the effect the task asks for: main's
+    checks (the control, run on the end state) pass on each, the tasks' checks do not."""
+    episodes = [(task_id, scripted([TERMINAL, {"name": "wait", "arguments": {"seconds": 0.5}},
+                                    {"name": "type", "arguments": {"text": command + "\n"}},
+                                    {"name": "wait", "arguments": {"seconds": 1}}]))
+                for task_id, (command, _) in FILE_STAND_INS.items()]
+    results = _desktop(root, episodes, after={task_id: check for task_id, (_, check) in FILE_STAND_INS.items()})
+    controls = {task_id: control for task_id, (_, _, control) in zip(FILE_STAND_INS, results)}
+    assert set(controls.values()) == {0}, f"a stand-in was not made (main's check would not pass either): {controls}"
+    assert all(t.error is None for t, _, _ in results), [t.error for t, _, _ in results]
+    rewards = {task_id: t.reward for task_id, (t, _, _) in zip(FILE_STAND_INS, results)}
+    assert set(rewards.values()) == {0.0}, (rewards, [t.report["checks"] for t, _, _ in results])
 
 
 @pytest.mark.slow
@@ -216,8 +250,8 @@ def test_do_nothing_desktop_baseline(root):
     """Measured on main: 0/13. Every desktop task ended at once scores 0."""
     results = _desktop(root, [(task_id, scripted([])) for task_id in sorted(load_tasks("desktop"))])
     assert len(results) == 13
-    rewards = {t.task_id: t.reward for t, _ in results}
-    assert all(t.error is None for t, _ in results), [t.error for t, _ in results]
+    rewards = {t.task_id: t.reward for t, _, _ in results}
+    assert all(t.error is None for t, _, _ in results), [t.error for t, _, _ in results]
     assert sum(rewards.values()) == 0, rewards
 
 

@@ -10,6 +10,7 @@ of instances. A desktop task lays out files, starts programs on the openbox desk
 says how the end state is verified (checks run from the host through the sandbox's agent):
 
     {"task_id": "desktop/editor-write", "instruction": "...",
+     "shortcuts": "the saved file is the effect: writing it from another program is fair",
      "files": {"notes.txt": "..."}, "apps": [["mousepad", "notes.txt"]],
      "checks": [{"type": "file_equals", "path": "notes.txt", "text": "..."}],
      "oracle": [{"name": "key", "arguments": {"keys": "ctrl+a"}}, ...]}
