@@ -76,7 +76,7 @@ def test_builtin_tasks_and_oracles():
     assert all(t.oracle in ORACLES for t in miniwob)
     assert all(t.oracle and t.checks for t in desktop)
     kinds = {c["type"] for t in desktop for c in t.checks}
-    assert {"file_equals", "dir_exists", "root_property", "answer_equals"} <= kinds
+    assert {"file_equals", "dir_exists", "wm_current_desktop", "wm_desktops", "answer_equals"} <= kinds
 
 
 def test_check_env_clean(env):

@@ -34,6 +34,10 @@ class DisplayError(RuntimeError):
     """The GUI stack did not start, or its daemon is gone."""
 
 
+class TaskTabGone(DisplayError):
+    """The tab the task was set up in was closed (by the policy: the task's page is gone)."""
+
+
 def to_rgb(frame, width: int, height: int) -> np.ndarray:
     """Xvfb's BGRX pixels (bytes or a buffer) as a new (H, W, 3) uint8 RGB array.
     One channel at a time: numpy copies a reversed-stride (2::-1) view about 20x slower."""
@@ -166,8 +170,12 @@ class Display:
     async def shot(self, settle=0) -> tuple[dict, np.ndarray | None]:
         return await self.request({"op": "shot", "settle": settle})
 
-    async def evaluate(self, expression: str):
-        head, _ = await self.request({"op": "eval", "expression": expression})
+    async def evaluate(self, expression: str, tab: str | None = None):
+        """A read-only expression on the active page, or with tab="task" on the task's own tab
+        (where the env set the task up, wherever the policy went since)."""
+        head, _ = await self.request({"op": "eval", "expression": expression, **({"tab": tab} if tab else {})})
+        if head.get("task_tab_gone"):
+            raise TaskTabGone(head.get("error", "the task's tab was closed"))
         if not head.get("ok"):
             raise DisplayError(head.get("error", "the page could not be read"))
         return head["value"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from typing import Any
 
@@ -28,19 +29,34 @@ import numpy as np
 from gymnasium import spaces
 
 from orchard_gym.client import AsyncSandboxInstance
-from orchard_gym.errors import OrchardError
+from orchard_gym.errors import OrchardError, SandboxFailed
 from orchard_gym.trajectory import Trajectory
 
 from ..base import SandboxEnv
 from ..spaces import UnicodeText
 from ..tools import Tool, ToolContext
 from . import tools as gui_tools
-from .display import Display, DisplayError
+from .display import Display, DisplayError, TaskTabGone
 from .tasks import GUITask, load_tasks, shared_miniwob_html
 from .verify import verify
 
-MINIWOB_STATE = ("({raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, done: WOB_DONE_GLOBAL, "
+MINIWOB_STATE = ("({instance: true, raw: WOB_RAW_REWARD_GLOBAL, reward: WOB_REWARD_GLOBAL, done: WOB_DONE_GLOBAL, "
                  "reason: WOB_REWARD_REASON == null ? null : String(WOB_REWARD_REASON)})")
+# The episode's own page instance carries a random token that only the env's set-up script
+# writes (into the page it seeded, in the tab it chose). Another page on the same server (goto,
+# a new tab, a reload: a fresh, unseeded instance) lacks it, so its reward and its done flag
+# never count; the grade reads the task's tab, not whichever the policy has open.
+INSTANCE = "window.__orchardInstance"
+
+
+def miniwob_state(token: str) -> str:
+    """JS: MiniWoB's reward state of the episode's own page instance; {instance: false} elsewhere."""
+    return f"(({INSTANCE} === {json.dumps(token)}) ? {MINIWOB_STATE} : ({{instance: false, url: location.href}}))"
+
+
+def miniwob_done(token: str) -> str:
+    """JS: the episode's own page instance has ended its episode."""
+    return f"({INSTANCE} === {json.dumps(token)} && WOB_DONE_GLOBAL)"
 
 
 # built by scripts/build_gui_image.sh (its ORCHARD_GUI_IMAGE overrides both)
@@ -91,6 +107,7 @@ class GUIEnv(SandboxEnv):
         self._frame = np.zeros((self.height, self.width, 3), np.uint8)
         self._handed_out: np.ndarray | None = None
         self._instruction = ""
+        self._instance = ""  # the MiniWoB page instance's token (miniwob_state)
 
     # ------------------------------------------------------------------ hooks
     def make_tools(self) -> list[Tool]:
@@ -122,12 +139,14 @@ class GUIEnv(SandboxEnv):
 
     def _page_config(self, task: GUITask) -> dict:
         seed = int(self.np_random.integers(0, 2**31 - 1))
+        self._instance = secrets.token_hex(16)  # a new one per episode: no earlier page counts either
         # the env's set-up, not the policy's: seed the generator, lift the page's 10 s limit,
-        # hide the running score (it ticks every second), start the episode
+        # hide the running score (it ticks every second), mark the instance, start the episode
         setup = (f"Math.seedrandom({seed}); core.EPISODE_MAX_TIME = {int(task.episode_seconds * 1000)};"
                  "var _r = document.getElementById('reward-display'); if (_r) _r.style.display = 'none';"
-                 "core.startEpisodeReal(); true")
-        return {"start_url": f"/miniwob/{task.family}.html", "page_setup": setup, "done_expr": "WOB_DONE_GLOBAL"}
+                 f"{INSTANCE} = {json.dumps(self._instance)}; core.startEpisodeReal(); true")
+        return {"start_url": f"/miniwob/{task.family}.html", "page_setup": setup,
+                "done_expr": miniwob_done(self._instance)}
 
     async def setup(self, sandbox: AsyncSandboxInstance, task: GUITask) -> ToolContext:
         config: dict = {"width": self.width, "height": self.height}
@@ -152,7 +171,7 @@ class GUIEnv(SandboxEnv):
         else:
             self._instruction = task.instruction
         state = {"display": self.display, "size": (self.width, self.height), "coordinates": self.coordinates,
-                 "settle": self.settle, "last": head, "frame": self._frame}
+                 "settle": self.settle, "last": head, "frame": self._frame, "instance": self._instance}
         return ToolContext(sandbox=sandbox, cwd=sandbox.workdir or "/workspace", timeout=self.exec_timeout,
                            state=state)
 
@@ -163,18 +182,34 @@ class GUIEnv(SandboxEnv):
         report: dict = {"status": ctx.state.get("status"), "answer": ctx.state.get("answer"),
                         "browser_restarts": ctx.state.get("crashes", [])}
         if task.kind == "miniwob":
-            try:
-                page = await self.display.evaluate(MINIWOB_STATE)
-            except DisplayError as e:
-                return 0.0, {**report, "error": f"the page could not be read: {e}"}
-            report.update(raw_reward=page["raw"], decayed_reward=page["reward"], page_done=page["done"],
-                          reason=page["reason"])
-            # the raw reward, as the page computed it; an episode the page never ended scores 0
-            return (float(page["raw"]) if page["done"] else 0.0), report
-        passed = await verify(ctx.sandbox, task.checks, ctx.state.get("answer"), self.display.hello["display"])
-        report["checks"] = passed
+            return await self._grade_miniwob(ctx, report)
+        try:
+            passed, end = await verify(ctx.sandbox, task.checks, ctx.state.get("answer"), self.display)
+        except SandboxFailed as e:  # a helper that did not run: the end state was not read
+            return 0.0, {**report, "error_kind": "grading", "error": f"the checks could not run: {e}"}
+        report.update(checks=passed, ended=end.get("ended", []), stack_gone=end.get("stack_gone", []))
         score = sum(c["passed"] for c in passed) / len(passed)
         return (1.0 if score == 1.0 else 0.0), {**report, "score": score}
+
+    async def _grade_miniwob(self, ctx: ToolContext, report: dict) -> tuple[float, dict]:
+        """The raw reward of the episode's own page instance, read in the task's tab; every
+        step that showed another page or tab is in report["task_page"]["left"]."""
+        away = ctx.state.get("away", [])
+        report["task_page"] = where = {"left": bool(away), "away": away[:20], "instance": True}
+        try:
+            page = await self.display.evaluate(miniwob_state(ctx.state["instance"]), tab="task")
+        except TaskTabGone as e:  # the policy closed it: the instance is gone, not a grading failure
+            where.update(left=True, instance=False, tab_closed=True)
+            return 0.0, {**report, "reason": str(e)}
+        except DisplayError as e:
+            return 0.0, {**report, "error_kind": "grading", "error": f"the task's page could not be read: {e}"}
+        if not page.get("instance"):  # navigated away or reloaded in the task's tab
+            where.update(left=True, instance=False, url=page.get("url"))
+            return 0.0, {**report, "reason": "the task's page instance is gone from its tab"}
+        report.update(raw_reward=page["raw"], decayed_reward=page["reward"], page_done=page["done"],
+                      reason=page["reason"])
+        # the raw reward, as the page computed it; an episode the page never ended scores 0
+        return (float(page["raw"]) if page["done"] else 0.0), report
 
     # ------------------------------------------------------------------ observations
     def _observe(self, result: str) -> dict:
@@ -226,6 +261,11 @@ class GUIEnv(SandboxEnv):
 
     async def astep(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         text, reward, terminated, truncated, info = await super().astep(action)
+        report = info.get("report") or {}
+        if report.get("error_kind") and self.trajectory.error is None:
+            # a page that could not be read is not a failed policy: trainers drop the episode
+            self.trajectory.error = info["error"] = f"grading: {report['error']}"
+            self.trajectory.error_kind = report["error_kind"]
         if self.trajectory is not None and self._ctx is not None:
             crashes = self._ctx.state.get("crashes")
             if crashes:

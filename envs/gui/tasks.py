@@ -10,6 +10,7 @@ of instances. A desktop task lays out files, starts programs on the openbox desk
 says how the end state is verified (checks run from the host through the sandbox's agent):
 
     {"task_id": "desktop/editor-write", "instruction": "...",
+     "shortcuts": "the saved file is the effect: writing it from another program is fair",
      "files": {"notes.txt": "..."}, "apps": [["mousepad", "notes.txt"]],
      "checks": [{"type": "file_equals", "path": "notes.txt", "text": "..."}],
      "oracle": [{"name": "key", "arguments": {"keys": "ctrl+a"}}, ...]}
@@ -30,7 +31,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TASK_DIR = Path(__file__).parent / "tasks"
 CHECK_TYPES = {"file_equals", "file_contains", "file_absent", "file_exists", "dir_exists", "file_executable",
-               "answer_equals", "answer_contains", "root_property"}
+               "answer_equals", "answer_contains", "wm_current_desktop", "wm_desktops"}
+RETIRED = {"root_property": "it read an X root-window property, which any X client (xprop -set in a terminal) "
+                            "can write; ask the window manager: wm_current_desktop / wm_desktops"}
 
 
 class GUITask(BaseModel):
@@ -45,13 +48,21 @@ class GUITask(BaseModel):
     apps: list[list[str]] = Field(default_factory=list, description="desktop: programs started at setup")
     checks: list[dict] = Field(default_factory=list, description="desktop: how the end state is verified")
     episode_seconds: float = Field(3600, description="MiniWoB: the page's own time limit")
+    shortcuts: str = Field("", description="desktop: which other ways to the checked effect are fair, and why "
+                                           "(the checks verify the effect, not the path)")
 
     @field_validator("checks")
     @classmethod
     def _known_checks(cls, checks: list[dict]) -> list[dict]:
         for c in checks:
+            if c.get("type") in RETIRED:
+                raise ValueError(f"check type {c['type']!r} is retired: {RETIRED[c['type']]}")
             if c.get("type") not in CHECK_TYPES:
                 raise ValueError(f"unknown check type {c.get('type')!r}; known: {sorted(CHECK_TYPES)}")
+            if c["type"] in ("wm_current_desktop", "wm_desktops"):
+                low = 1 if c["type"] == "wm_desktops" else 0
+                if not isinstance(c.get("equals"), int) or isinstance(c["equals"], bool) or not low <= c["equals"] < 64:
+                    raise ValueError(f"{c['type']} needs an integer `equals` in [{low}, 64)")
         return checks
 
     def model_post_init(self, _):

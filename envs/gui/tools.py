@@ -130,6 +130,7 @@ class GUITool(Tool):
         action = self.action(ctx, args)
         head, frame = await ctx.state["display"].act(action, ctx.state["settle"])
         ctx.state["last"] = head
+        note_away(ctx.state, head.get("state") or {})
         if frame is not None:
             ctx.state["frame"] = frame
         if "coordinate" in action:
@@ -143,6 +144,16 @@ class GUITool(Tool):
             text += "\n[" + "; ".join(notes) + "]"
         return ToolResult(output=text, command=[action["name"], *map(str, _args_of(action))], exit_code=0,
                           submitted=bool(head.get("page_done")))
+
+
+def note_away(state: dict, page: dict) -> None:
+    """Count the action; when it left the policy on another page or tab than the task's, note
+    where (the grade reports it: info["report"]["task_page"])."""
+    state["actions"] = state.get("actions", 0) + 1
+    if page.get("on_task_page") is False:
+        away = state.setdefault("away", [])
+        if len(away) < 100:
+            away.append({"action": state["actions"], "url": page.get("url"), "tab_index": page.get("tab_index")})
 
 
 def _args_of(action: dict) -> list:

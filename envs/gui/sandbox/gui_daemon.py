@@ -37,7 +37,7 @@ import urllib.parse
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cdp  # noqa: E402
 from gui_server import Handler, Server  # noqa: E402
-from procwatch import foreground_shells, sandbox_pss_kib, waiting_for_input  # noqa: E402
+from procwatch import foreground_shells, processes, sandbox_pss_kib, waiting_for_input  # noqa: E402
 import xgrab  # noqa: E402
 import xinput  # noqa: E402
 
@@ -65,6 +65,10 @@ class Daemon:
         self.crashes = 0
         self.tabs: list[str] = []
         self.active: str | None = None
+        # the tab and URL the env set the task up in (load_task_page): the env's grade reads the
+        # reward there, never from whatever page the policy has open
+        self.task_target: str | None = None
+        self.task_url: str | None = None
         self.session: cdp.Session | None = None
         self.session_target: str | None = None
         self.watcher: cdp.TargetWatcher | None = None
@@ -110,8 +114,13 @@ class Daemon:
             self.note(f"activated {newest}")
             self.wait_quiet()
         self.note("started")
+        # the stack's processes with their start times, before the policy acts: the desktop
+        # verifier's clean-up (sandbox/quiesce.py) spares these and ends what else the sandbox runs
+        started = processes()
+        pids = {name: [pid, started.get(str(pid), {}).get("start")] for name, pid in
+                [("daemon", os.getpid()), *((n, self.procs[n].pid) for n in ("xvfb", "openbox") if n in self.procs)]}
         return {"ok": True, "startup": self.startup, "display": self.display, "grab": self.grabber.method,
-                "width": self.width,
+                "pids": pids, "width": self.width,
                 "height": self.height, "http_port": getattr(self, "http_port", None),
                 "devtools_port": getattr(self, "devtools_port", None)}
 
@@ -240,6 +249,30 @@ class Daemon:
             time.sleep(0.05)
         if self.cfg.get("page_setup"):
             self.page().evaluate(self.cfg["page_setup"])
+        self.task_target, self.task_url = self.active, url
+
+    def task_page(self) -> cdp.Session:
+        """A DevTools session on the task's tab (the active one's if it is active), wherever the
+        policy went since. The tab closed: CDPError (the env grades that as the task abandoned)."""
+        if self.task_target == self.active:
+            return self.page()
+        target = next((t for t in self.targets() if t["id"] == self.task_target), None)
+        if target is None:
+            raise TaskTabGone("the task's tab was closed")
+        return cdp.Session(target["webSocketDebuggerUrl"])
+
+    def on_task_page(self, url: str) -> bool | None:
+        """Whether the policy looks at the task's page: its tab, its URL (the fragment aside).
+        None: no task page (desktop tasks, pages loaded without one)."""
+        if not self.task_url:
+            return None
+        return self.active == self.task_target and url.split("#", 1)[0] == self.task_url.split("#", 1)[0]
+
+    def close_other_tabs(self) -> None:
+        self.sync_tabs()
+        for target in [t for t in self.tabs if t != self.active]:
+            cdp.http_json(self.devtools_port, f"/json/close/{target}")
+        self.tabs = [self.active]
 
     def windows(self) -> list[str]:
         r = subprocess.run(["xdotool", "search", "--onlyvisible", "--name", "."], env=self.env,
@@ -456,6 +489,8 @@ class Daemon:
                 url, title = page["url"], page["title"]
             out.update(url=url, title=title, tabs=len(self.tabs),
                        tab_index=self.tabs.index(self.active) if self.active in self.tabs else None)
+            if self.task_url:
+                out["on_task_page"] = self.on_task_page(url)
         else:
             out["title"] = self.input.active_window_title()  # in-process: no xdotool per step
         return out
@@ -485,9 +520,19 @@ class Daemon:
                     self.check_health()
                 if self.cfg.get("done_expr") and "chromium" in self.procs:
                     reply["page_done"] = bool(page and page["done"])
-            elif op == "eval":  # read-only page state: oracles' DOM geometry, MiniWoB's reward
+            elif op == "eval":  # read-only page state: oracles' DOM geometry; MiniWoB's reward (tab "task")
                 try:
-                    reply["value"] = self.page().evaluate(req["expression"])
+                    if req.get("tab") == "task":
+                        session = self.task_page()
+                        try:
+                            reply["value"] = session.evaluate(req["expression"])
+                        finally:
+                            if session is not self.session:
+                                session.close()
+                    else:
+                        reply["value"] = self.page().evaluate(req["expression"])
+                except TaskTabGone as e:
+                    reply = {"ok": False, "error": str(e), "task_tab_gone": True}
                 except (cdp.CDPError, OSError) as e:
                     reply = {"ok": False, "error": str(e)}
             elif op == "hello":
@@ -496,6 +541,7 @@ class Daemon:
                 try:
                     self.cfg.update(start_url=req.get("start_url"), page_setup=req.get("page_setup"),
                                     done_expr=req.get("done_expr"))
+                    self.close_other_tabs()  # an episode starts on one tab, as after a cold start
                     self.load_task_page()
                 except (cdp.CDPError, OSError, ValueError) as e:
                     reply = {"ok": False, "error": str(e)}
@@ -544,6 +590,10 @@ class Daemon:
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
+
+
+class TaskTabGone(cdp.CDPError):
+    pass
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):

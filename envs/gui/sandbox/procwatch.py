@@ -1,4 +1,5 @@
-"""What the GUI daemon reads from /proc: a terminal's shell waiting for input, the sandbox's memory.
+"""What the GUI daemon reads from /proc: a terminal's shell waiting for input, the sandbox's memory,
+the processes running (with their start times: sandbox/quiesce.py).
 
 Standard library only (it runs in the sandbox with the agent's Python, next to gui_daemon.py).
 """
@@ -70,3 +71,20 @@ def sandbox_pss_kib() -> int:
             except OSError:
                 pass
     return total
+
+
+def processes() -> dict[str, dict]:
+    """The processes in this sandbox's PID namespace now: {pid: {ppid, state, start, comm}}. A pid
+    with its start time names one process (a pid the kernel reuses comes with a later start)."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                text = f.read()
+        except OSError:
+            continue
+        head, _, rest = text.rpartition(")")
+        fields = rest.split()
+        if len(fields) > 19:
+            out[pid] = {"ppid": fields[1], "state": fields[0], "start": fields[19], "comm": head.partition("(")[2]}
+    return out

@@ -101,11 +101,16 @@ class XInput:
         self.sync()
         return True
 
-    def _property(self, window: int, name: str, limit: int = 4096) -> tuple[int, bytes] | None:
+    def atom(self, name: str) -> int:
+        if name not in self.atoms:
+            self.atoms[name] = self.x.XInternAtom(self.dpy, name.encode(), 0)
+        return self.atoms[name]
+
+    def get_property(self, window: int, name: str, limit: int = 4096) -> tuple[int, bytes] | None:
         """(format, raw bytes) of a window property, or None (AnyPropertyType)."""
         kind, fmt = ctypes.c_ulong(), ctypes.c_int()
         count, after, data = ctypes.c_ulong(), ctypes.c_ulong(), ctypes.c_void_p()
-        status = self.x.XGetWindowProperty(self.dpy, window, self.atoms[name], 0, limit, 0, 0, ctypes.byref(kind),
+        status = self.x.XGetWindowProperty(self.dpy, window, self.atom(name), 0, limit, 0, 0, ctypes.byref(kind),
                                            ctypes.byref(fmt), ctypes.byref(count), ctypes.byref(after),
                                            ctypes.byref(data))
         if status != 0 or not data.value:
@@ -121,38 +126,45 @@ class XInput:
         WM_STATE), then destroy it. Proves the WM's event loop handles MapRequests: a program
         that maps its window before that loses the request (openbox drops the MapRequests that
         come while it starts) and its window never shows (st then never starts its shell)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:  # the WM may not have claimed the screen yet: map again
+            probe = self.map_window()
+            try:
+                until = min(deadline, time.monotonic() + 2.0)
+                while time.monotonic() < until:
+                    if self.get_property(probe, "WM_STATE", 2):
+                        return True
+                    time.sleep(0.02)
+            finally:
+                self.destroy_window(probe)
+        return False
+
+    def map_window(self) -> int:
+        """A new 1x1 top-level window of ours, mapped (the window manager then manages it)."""
         x = self.x
         x.XCreateSimpleWindow.restype = ctypes.c_ulong
         x.XCreateSimpleWindow.argtypes = [ctypes.c_void_p, ctypes.c_ulong, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
                                           ctypes.c_uint, ctypes.c_uint, ctypes.c_ulong, ctypes.c_ulong]
         x.XMapWindow.argtypes = x.XDestroyWindow.argtypes = [ctypes.c_void_p, ctypes.c_ulong]
-        self.atoms.setdefault("WM_STATE", x.XInternAtom(self.dpy, b"WM_STATE", 0))
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:  # the WM may not have claimed the screen yet: map again
-            probe = x.XCreateSimpleWindow(self.dpy, self.root, 0, 0, 1, 1, 0, 0, 0)
-            x.XMapWindow(self.dpy, probe)
-            self.sync()
-            try:
-                until = min(deadline, time.monotonic() + 2.0)
-                while time.monotonic() < until:
-                    if self._property(probe, "WM_STATE", 2):
-                        return True
-                    time.sleep(0.02)
-            finally:
-                x.XDestroyWindow(self.dpy, probe)
-                self.sync()
-        return False
+        window = x.XCreateSimpleWindow(self.dpy, self.root, 0, 0, 1, 1, 0, 0, 0)
+        x.XMapWindow(self.dpy, window)
+        self.sync()
+        return window
+
+    def destroy_window(self, window: int) -> None:
+        self.x.XDestroyWindow(self.dpy, window)
+        self.sync()
 
     def active_window_title(self) -> str:
         """The title of the window the window manager calls active (as `xdotool getactivewindow
         getwindowname`, without a new process per step); '' when there is none."""
-        active = self._property(self.root, "_NET_ACTIVE_WINDOW", 1)
+        active = self.get_property(self.root, "_NET_ACTIVE_WINDOW", 1)
         if not active or len(active[1]) < ctypes.sizeof(ctypes.c_long):
             return ""
         window = ctypes.c_ulong.from_buffer_copy(active[1][:ctypes.sizeof(ctypes.c_ulong)]).value
         if not window:
             return ""
-        name = self._property(window, "_NET_WM_NAME") or self._property(window, "WM_NAME")
+        name = self.get_property(window, "_NET_WM_NAME") or self.get_property(window, "WM_NAME")
         return name[1].decode("utf-8", errors="replace") if name else ""
 
     def close(self) -> None:
