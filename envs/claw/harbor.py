@@ -187,13 +187,16 @@ class HarborEnv(SandboxEnv):
                  **kwargs: Any):
         self._tasks = dict(tasks) if is_harbor(tasks) and isinstance(tasks, dict) else load_harbor(tasks)
         self._images: dict[str, str] = {}
-        if kwargs.get("client") is None and kwargs.get("base_url") is None:
-            kwargs["backend"] = hide_task_folders(kwargs.get("backend"), [t.root for t in self._tasks.values()])
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
         self._max_seconds = self.max_seconds  # the caller's; else each task's [agent] timeout_sec
 
     def make_tools(self) -> list[Tool]:
         return [BashTool(), SubmitTool()]
+
+    def client_kwargs(self, kwargs: dict) -> dict:
+        if kwargs.get("base_url") is not None:
+            return kwargs
+        return {**kwargs, "backend": hide_task_folders(kwargs.get("backend"), [t.root for t in self._tasks.values()])}
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)

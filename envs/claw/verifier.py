@@ -17,8 +17,8 @@ runs or what reward it reports. After the agent finished, `run_verifier`:
    verifier starts: no current directory or script folder on `sys.path`, no user site) and
    `PYTHONPATH` = the tests folder (so a test script still imports its own helpers);
 5. stops whatever the verifier's run left behind (a program of the policy's it tested may fork),
-   then reads the reward from `logs/verifier/reward.txt` (else `reward.json`, its "reward" key)
-   through the file API. The verifier's output is kept for the report, never parsed for a reward.
+   then reads the reward from `logs/verifier/reward.txt` (else `reward.json`, its "reward" key;
+   every key is in the report). The verifier's output is kept for the report, never parsed for a reward.
 
 No reward file, or one that is not a finite number, raises `GradingFailed`: the episode is
 errored, never scored 0.0.
@@ -26,6 +26,7 @@ errored, never scored 0.0.
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
@@ -37,7 +38,7 @@ from typing import Callable
 
 from orchard_gym._loop import run_in_thread
 from orchard_gym.client import AsyncSandboxInstance
-from orchard_gym.errors import OrchardError, SandboxFailed
+from orchard_gym.errors import SandboxFailed
 
 # Kills every process of the sandbox but this script's own ancestry (the agent and the shell
 # running it): stop them all first so none can fork or restart another, then kill.
@@ -160,35 +161,39 @@ async def fresh_dirs(sandbox: AsyncSandboxInstance, private_tmp: bool) -> Verifi
 
 async def upload_tests(sandbox: AsyncSandboxInstance, folder: Path, dirs: VerifierDirs,
                        transform: Callable[[Path], bytes | None]) -> None:
-    archive = f"{dirs.root}/tests.tar.gz"
-    await sandbox.upload_content(await run_in_thread(tar_folder, folder, transform), archive)
-    q = shlex.quote
-    await _sh(sandbox, f"tar -xzf {q(archive)} -C {q(dirs.tests)} && rm -f {q(archive)}",
-              f"cannot upload {folder.name}/ to {dirs.tests}", timeout=120)
+    # through a command's stdin: the file API reaches only the working directory, the policy's
+    archive = base64.b64encode(await run_in_thread(tar_folder, folder, transform)).decode()
+    r = await sandbox.exec(["sh", "-c", 'base64 -d | tar -xz -C "$1"', "sh", dirs.tests], stdin=archive, timeout=120)
+    if r.exit_code != 0:
+        raise GradingFailed(f"cannot upload {folder.name}/ to {dirs.tests}: {r.stderr[-500:]}")
+
+
+# the first reward file there is, after a line with its name (exit 3: none)
+READ_REWARD = 'for n in reward.txt reward.json; do [ -f "$1/$n" ] && { echo "$n"; exec cat "$1/$n"; }; done; exit 3'
 
 
 async def read_reward(sandbox: AsyncSandboxInstance, dirs: VerifierDirs, report: dict) -> float:
     """The reward from the verifier's own file: reward.txt, else reward.json's "reward"."""
-    for name in ("reward.txt", "reward.json"):
-        try:
-            data = await sandbox.download_content(f"{dirs.reward_dir}/{name}")
-        except (FileNotFoundError, OrchardError):
-            continue
-        text = data.decode("utf-8", "replace").strip()
-        try:
-            if name == "reward.json":
-                parsed = json.loads(text)
-                report["reward_json"] = parsed if isinstance(parsed, dict) else {"reward": parsed}
-                value = float(parsed["reward"] if isinstance(parsed, dict) else parsed)
-            else:
-                value = float(text)
-        except (ValueError, TypeError, KeyError) as e:
-            raise GradingFailed(f"the reward file {name} is not a number: {text[:200]!r} ({type(e).__name__})") from None
-        if not math.isfinite(value):
-            raise GradingFailed(f"the reward file {name} is not a finite number: {text[:200]!r}")
-        return value
-    raise GradingFailed(f"the verifier wrote no reward file ({dirs.reward_dir}/reward.txt or reward.json); "
-                        f"test.sh exited {report.get('test_exit_code')}: {report.get('test_output', '')[-500:]}")
+    r = await sandbox.exec(["sh", "-c", READ_REWARD, "sh", dirs.reward_dir], timeout=60)
+    if r.exit_code == 3:
+        raise GradingFailed(f"the verifier wrote no reward file ({dirs.reward_dir}/reward.txt or reward.json); "
+                            f"test.sh exited {report.get('test_exit_code')}: {report.get('test_output', '')[-500:]}")
+    name, _, text = r.stdout.partition("\n")
+    if r.exit_code != 0 or name not in ("reward.txt", "reward.json"):
+        raise GradingFailed(f"cannot read the reward file in {dirs.reward_dir}: {r.stderr[-500:]}")
+    text = text.strip()
+    try:
+        if name == "reward.json":
+            parsed = json.loads(text)
+            report["reward_json"] = parsed if isinstance(parsed, dict) else {"reward": parsed}
+            value = float(parsed["reward"] if isinstance(parsed, dict) else parsed)
+        else:
+            value = float(text)
+    except (ValueError, TypeError, KeyError) as e:
+        raise GradingFailed(f"the reward file {name} is not a number: {text[:200]!r} ({type(e).__name__})") from None
+    if not math.isfinite(value):
+        raise GradingFailed(f"the reward file {name} is not a finite number: {text[:200]!r}")
+    return value
 
 
 async def run_verifier(sandbox: AsyncSandboxInstance, tests: Path, *, private_tmp: bool, path: str, workdir: str,
