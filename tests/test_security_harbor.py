@@ -170,7 +170,7 @@ cat > /tests/test_outputs.py <<'PY'
 def test_answer():
     assert open("/app/answer.txt").read().strip() == "42"
 PY
-if python3 -m pytest -q -p no:cacheprovider /tests/test_outputs.py; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
+if python3 -m pytest -q -p no:cacheprovider /tests/test_outputs.py >&2; then echo 1; else echo 0; fi > /logs/verifier/reward.txt
 """
 # pytest reads the ini file and conftest.py files of the test file's folder and every folder above it
 CONFTEST = ("printf '[pytest]\\n' > {d}/pytest.ini; "

@@ -8,13 +8,15 @@
       tests/test.sh           # the verifier: writes /logs/verifier/reward.txt (or reward.json)
 
 PATH is one task folder or a folder of task folders. The policy acts with `bash` and
-`submit`. At the end every process the policy left is killed (SIGSTOP, then SIGKILL,
-until none is left), `/logs/verifier` is emptied, `tests/` is uploaded fresh to `/tests`
-(so the policy never had the verifier to edit), `bash /tests/test.sh` runs, and the reward
-file is the reward. No reward file, or one that is not a finite number, is a grading
-failure, never a score: `report["error_kind"] == "grading"` with `report["error"]`, and the
-trajectory is errored (`trajectory.error` = "grading: ...", `trajectory.error_kind` =
-"grading"), so trainers drop it.
+`submit`. At the end the verifier runs out of the policy's reach (envs/claw/verifier.py):
+every process the policy left is killed, the tests are uploaded to folders made only then,
+`test.sh` runs from there with an isolated environment, and the reward file it writes is
+the reward. No reward file, or one that is not a finite number, is a grading failure, never
+a score: `report["error_kind"] == "grading"` with `report["error"]`, and the trajectory is
+errored (`trajectory.error` = "grading: ...", `trajectory.error_kind` = "grading"), so
+trainers drop it. On the local backend the task folders are hidden from the sandboxes
+(LocalBackendConfig.hide, added by `client_kwargs`); a sandbox that can still read one is
+refused at reset.
 
 Where the sandbox comes from:
 - container backends: the image is built from `environment/` with the docker SDK, never
@@ -22,8 +24,9 @@ Where the sandbox comes from:
   hash of the folder, and rebuilt only when the folder changes;
 - local backend: only a Dockerfile of `FROM` plus `RUN pip install ...` lines can run
   there — a venv with those packages is built once on the host (envs/swe/venvs.py) and put
-  first on PATH; the absolute Harbor paths (/tests, /solution, /logs, /app) are rewritten
-  to folders in the sandbox's working directory, and in the instruction `/app/x` becomes
+  first on PATH; the absolute Harbor paths are rewritten: /app to the working directory,
+  /solution and /logs (the agent's) to folders in it, /tests and /logs for the verifier to
+  its folder in the sandbox's private /tmp; in the instruction `/app/x` becomes
   the relative `x` (the working directory). The local backend needs bwrap isolation
   (its own PID namespace), so that killing the policy's processes touches nothing else.
 """
