@@ -17,6 +17,7 @@ import gymnasium as gym
 import pytest
 
 import orchard_gym  # noqa: F401
+from orchard_gym._loop import LoopThread
 from orchard_gym.envs.claw.harbor import HarborEnv
 
 from conftest import docker_engine, needs, needs_bwrap
@@ -284,3 +285,28 @@ def test_copies_are_hidden_too(tmp_path):
     config = hide_task_folders({"type": "local", "hide": ["/srv/x"]}, roots)
     assert config.hide == [Path("/srv/x"), *roots]
     assert hide_task_folders({"type": "docker"}, roots) == {"type": "docker"}
+
+
+@needs_bwrap
+def test_a_tmp_made_hard_to_empty_neither_stops_grading_nor_touches_the_workdir(tmp_path, local_root):
+    """The local verifier empties the sandbox's /tmp first: folders without permissions, a deep
+    tree, a FIFO and links into the working directory go; the working directory (bind-mounted,
+    under /tmp when the backend root is) keeps every file."""
+    tasks = make_task(tmp_path, "local", "#!/bin/bash\nmkdir -p /logs/verifier\n"
+                      "[ \"$(cat /app/answer.txt)\" = 42 ] && [ -f /app/keep/me ] && echo 1 > /logs/verifier/reward.txt "
+                      "|| echo 0 > /logs/verifier/reward.txt\n").parent
+    mess = ("echo 42 > answer.txt && mkdir -p keep && echo x > keep/me && "
+            "mkdir -p /tmp/locked/inner && touch /tmp/locked/inner/f && chmod 000 /tmp/locked/inner /tmp/locked && "
+            "python3 -c \"import os; os.chdir('/tmp'); [(os.mkdir('d'), os.chdir('d')) for _ in range(3000)]\" && "
+            "mkfifo /tmp/fifo && ln -s \"$PWD\" /tmp/to-workdir && ln -s \"$PWD/answer.txt\" /tmp/to-answer && "
+            "chmod 555 /tmp && test -p /tmp/fifo")
+    env = make("local", local_root, tasks)
+    try:
+        env.reset()
+        bash(env, mess)
+        reward, report = submit(env)
+        assert reward == 1.0 and env.trajectory.ok, report
+        left = LoopThread.shared().run(env.sandbox.exec("ls -A /tmp")).stdout.split()
+        assert not {"locked", "d", "fifo", "to-workdir", "to-answer"} & set(left), left
+    finally:
+        env.close()
