@@ -256,6 +256,20 @@ def test_the_task_folder_is_not_readable_from_inside_the_sandbox(spawner, local_
         env.close()
 
 
+@pytest.mark.parametrize("kind", [LOCAL, DOCKER])
+def test_the_tests_are_not_in_the_sandbox_before_the_agent_finished(kind, tmp_path, local_root):
+    tasks = make_task(tmp_path, kind, "#!/bin/bash\n# secret-verifier-marker\nexit 0\n").parent
+    env = make(kind, local_root, tasks)
+    try:
+        env.reset()
+        tests = env.paths(env._ctx.state["workdir"])["tests"]
+        obs = bash(env, f"ls -a {tests} /tests /tmp/orchard-verifier-* 2>&1; grep -rl secret-verifier-marker "
+                        f"/tmp . /logs /tests 2>/dev/null; true")
+        assert "test.sh" not in obs and "secret-verifier-marker" not in obs, obs
+    finally:
+        env.close()
+
+
 @needs_bwrap
 def test_a_sandbox_that_can_read_the_task_folder_is_refused(local_root):
     from orchard_gym.backends.config import LocalBackendConfig
