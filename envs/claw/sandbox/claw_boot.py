@@ -45,9 +45,9 @@ class ImportGuard:
                 break
         else:
             return None
-        for place in _places(spec):
-            if posix.access(place, posix.W_OK) and place not in self.writable:
-                self.writable.append(place)
+        writable = [place for place in _places(spec) if posix.access(place, posix.W_OK)]
+        if writable and writable[0] not in self.writable:
+            self.writable.append(writable[0])
         return spec
 
     def seal(self):
@@ -58,13 +58,11 @@ class ImportGuard:
 
 def _places(spec):
     """The files and folders a module's code was read from (none for builtin and frozen ones)."""
-    places = list(spec.submodule_search_locations or [])
+    places = []
     if spec.has_location and spec.origin:
         folder = spec.origin.rpartition("/")[0]
-        places += [spec.origin, folder, folder + "/__pycache__"]
-        if spec.cached:
-            places.append(spec.cached)
-    return places
+        places += [folder, spec.origin, folder + "/__pycache__"] + ([spec.cached] if spec.cached else [])
+    return places + list(spec.submodule_search_locations or [])
 
 
 def boot(guard):
