@@ -24,7 +24,7 @@ import sys
 
 import pytest
 
-from conftest import needs, needs_bwrap
+from conftest import fake_k8s_unavailable, needs, needs_bwrap
 
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.claw.deploy import source
@@ -46,12 +46,19 @@ BACKENDS = [
     pytest.param("bwrap", id="local-bwrap", marks=[needs_bwrap]),
     pytest.param("zygote", id="local-zygote", marks=[needs_bwrap]),
     pytest.param("docker", id="docker", marks=[pytest.mark.docker, needs("docker", _docker_why_not())]),
+    # the fake cluster (tests/fake_k8s): the real client and pod spec, pods run by Podman
+    pytest.param("kubernetes", id="kubernetes",
+                 marks=[pytest.mark.kubernetes, needs("kubernetes", fake_k8s_unavailable())]),
 ]
+BUSYBOX = "localhost/orchard/busybox:latest"  # no Python in the image: the service runs on the agent bundle's
 
 
-def _client(kind: str, local_root) -> tuple[dict, str | None]:
-    if kind == "docker":  # busybox: no Python in the image, the service runs on the agent bundle's
-        return {"type": "docker"}, "localhost/orchard/busybox:latest"
+@pytest.fixture
+def backend(request, kind, local_root) -> tuple[dict, str | None]:
+    if kind == "docker":
+        return {"type": "docker"}, BUSYBOX
+    if kind == "kubernetes":
+        return request.getfixturevalue("fake_k8s").backend_config(), BUSYBOX
     return {"type": "local", "root": str(local_root), "isolation": "bwrap", "spawner": kind}, None
 
 
@@ -64,9 +71,9 @@ def _solved() -> dict:
     return {"state": world.state, "log": world.log}
 
 
-async def _episode(kind: str, local_root, attack) -> tuple[dict, dict]:
+async def _episode(backend: tuple[dict, str | None], attack) -> tuple[dict, dict]:
     """Reset, let `attack(env, service, bash)` act as the policy, submit: (report, what the attack saw)."""
-    config, image = _client(kind, local_root)
+    config, image = backend
     async with AsyncSandboxClient(config) as client:
         env = ClawEnv(client=client, bash=True, image=image)
         await env.areset(options={"task_id": TASK_ID})
@@ -116,7 +123,8 @@ PLANTED = ["traceback", "linecache", "tokenize", "_strptime"]
 BLOW_UP = r"""
 import json, socket, sys
 def send(data):
-    c = socket.socket(socket.AF_UNIX); c.settimeout(60); c.connect(sys.argv[1]); c.sendall(data); c.shutdown(socket.SHUT_WR)
+    c = socket.socket(socket.AF_UNIX)
+    c.settimeout(60); c.connect(sys.argv[1]); c.sendall(data); c.shutdown(socket.SHUT_WR)
     out = b""
     while True:
         chunk = c.recv(65536)
@@ -130,7 +138,7 @@ print(json.dumps([send(b"[" * 100000 + b"]" * 100000),
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_a_module_planted_in_the_workdir_never_runs_in_the_service(kind, local_root):
+def test_a_module_planted_in_the_workdir_never_runs_in_the_service(backend):
     """Defence: the service's code comes over stdin to an isolated interpreter (`-I`: no
     workdir, no script folder on sys.path), every request's error is answered, and imports
     are sealed once it serves. On main: `traceback.py` in `.claw/` ran in the service on the
@@ -152,7 +160,7 @@ def test_a_module_planted_in_the_workdir_never_runs_in_the_service(kind, local_r
         ran = await bash("cat planted-ran 2>/dev/null || echo 'not imported'")
         return {"control": control, "answers": answers, "ran": ran}
 
-    report, seen = asyncio.run(_episode(kind, local_root, attack))
+    report, seen = asyncio.run(_episode(backend, attack))
     assert "traceback" in seen["control"] and "worlds=0" in seen["control"], seen["control"]
     assert "not imported" in seen["ran"], seen["ran"]
     nested, deep_args, health = (json.loads(a) for a in seen["answers"])
@@ -244,7 +252,7 @@ while True:
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_the_policy_cannot_read_the_key_so_cannot_sign_a_forged_world(kind, local_root):
+def test_the_policy_cannot_read_the_key_so_cannot_sign_a_forged_world(backend):
     """Defence: the key lives only in the memory of the env and of the service, which is
     non-dumpable (PR_SET_DUMPABLE 0: no /proc/PID/mem, maps or environ, no ptrace for the
     policy's processes, which have no CAP_SYS_PTRACE on any backend). With a dumpable
@@ -255,7 +263,7 @@ def test_the_policy_cannot_read_the_key_so_cannot_sign_a_forged_world(kind, loca
         out = await _run_script(env, service, bash, "key_hunt.py", KEY_HUNT, service.socket, "forged.json")
         return json.loads(out.strip().splitlines()[-1])
 
-    report, seen = asyncio.run(_episode(kind, local_root, attack))
+    report, seen = asyncio.run(_episode(backend, attack))
     assert seen["key"] is None and seen["mem"] != "read" and seen["environ"] != "read", seen
     assert report["task_score"] == 0.0 and not report["passed"], report
     assert report["hardened"]
@@ -306,7 +314,7 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-def test_garbage_requests_get_an_error_and_the_service_goes_on(kind, local_root):
+def test_garbage_requests_get_an_error_and_the_service_goes_on(backend):
     """Defence: every request is bounded (size, depth, number length) and answered, whatever
     it makes go wrong. On main the 100k-deep request got no answer at all (its handler thread
     died in socketserver's error path) and the huge body a broken pipe."""
@@ -316,7 +324,7 @@ def test_garbage_requests_get_an_error_and_the_service_goes_on(kind, local_root)
         out = await _run_script(env, service, bash, "garbage.py", GARBAGE, service.socket, str(MAX_REQUEST))
         return {"pid": pid, "answers": json.loads(out.strip().splitlines()[-1])}
 
-    report, seen = asyncio.run(_episode(kind, local_root, attack))
+    report, seen = asyncio.run(_episode(backend, attack))
     for name, (answer, health) in seen["answers"].items():
         answer = json.loads(answer) if answer.startswith("{") else answer
         assert isinstance(answer, dict) and answer["ok"] is False and answer["error"], (name, answer)
