@@ -115,6 +115,14 @@ for o in gc.get_objects():
         o.answer, hits = FORGED["answer"], hits + 1
 with open(os.path.join(FORGED["workdir"], "planted-ran"), "a") as f:
     f.write(f"{__name__} {os.getpid()} worlds={hits}\n")
+# then be the module it shadows, so that nothing else goes wrong in the process it runs in
+import importlib.machinery, importlib.util, sys
+planted = {os.path.dirname(os.path.abspath(__file__)), FORGED["workdir"]}
+spec = importlib.machinery.PathFinder.find_spec(__name__, [p for p in sys.path if p and os.path.abspath(p) not in planted])
+if spec is not None:
+    real = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(real)
+    globals().update({k: v for k, v in vars(real).items() if not k.startswith("__")})
 """
 
 # names the service would import late (socketserver's handle_error: traceback, which pulls
