@@ -12,7 +12,8 @@ local backend (bubblewrap and zygote spawners) and in a container.
 4. The import guard's seal, on its own: once sealed, nothing is imported, not even a module
    from a folder on the import path.
 
-Each test says which defence it covers; docs/claw.md ("What the policy cannot touch") lists them.
+Each test says which defence it covers; docs/claw.md ("The world: one service process per sandbox")
+describes them and what holds on each backend.
 """
 
 from __future__ import annotations
