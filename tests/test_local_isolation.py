@@ -28,7 +28,7 @@ import pytest
 
 from conftest import REPO, WHY_NO_BWRAP
 from components import needs
-from orchard_gym import SandboxClient
+from orchard_gym import InvalidRequest, SandboxClient
 from orchard_gym.agent import scope
 from orchard_gym.cache import cache_root
 
@@ -233,3 +233,26 @@ def test_no_file_holds_a_token_and_a_new_backend_on_the_root_still_adopts(local_
     finally:
         client.cleanup_all()
         client.close()
+
+
+@pytest.mark.parametrize("spawner", SPAWNERS)
+def test_read_only_paths_are_shared_but_never_the_root_under_them(spawner):
+    """`read_only_paths` adds host folders to the view, read-only; a backend root inside one
+    stays covered (no sibling through the share)."""
+    share = Path(f"/var/tmp/og-iso-share-{os.getpid()}-{uuid.uuid4().hex[:6]}")
+    (share / "data").mkdir(parents=True)
+    (share / "data" / "f.txt").write_text("shared\n")
+    try:
+        config = {"type": "local", "isolation": "bwrap", "spawner": spawner, "root": str(share / "root"),
+                  "read_only_paths": [str(share)]}
+        with SandboxClient(config) as client:
+            box, sibling = client.create_sandbox(), client.create_sandbox()
+            assert box.exec(f"cat {share}/data/f.txt").stdout == "shared\n"
+            assert box.exec(f"touch {share}/data/new").exit_code != 0  # read-only
+            assert box.exec(f"ls {share / 'root' / sibling.sandbox_id}").exit_code != 0
+            assert box.exec(f"cat {share / 'root' / '.key'}").exit_code != 0
+            assert box.exec("echo ok > own && cat own").stdout == "ok\n"
+    finally:
+        shutil.rmtree(share, ignore_errors=True)
+    with pytest.raises(InvalidRequest, match="read_only_paths must be absolute"):
+        SandboxClient({"type": "local", "read_only_paths": ["relative/dir"]})
