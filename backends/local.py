@@ -84,6 +84,9 @@ class LocalBackend(Backend):
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.bwrap = self._find_bwrap()
         self._key = _root_key(self.root / ".key")
+        missing = [str(p) for p in self.config.read_only_paths if not p.exists()]
+        if missing:
+            raise BackendError(f"read_only_paths: {', '.join(missing)} not found on this host")
         if self.bwrap:  # what every sandbox sees of the host, planned once (walking /etc)
             python, prefix = _python()
             shares = [python, prefix, os.path.realpath(AGENT_DIR), *map(str, local_view.cache_shares()),
