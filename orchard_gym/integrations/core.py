@@ -183,7 +183,12 @@ class Episode:
             raise EpisodeOver("no episode was started")
         if self.done:
             raise EpisodeOver("The episode is over: no more tool calls.")
-        result = await self.env.astep(action)
+        try:
+            result = await self.env.astep(action)
+        except Exception as e:  # what the env did not turn into an observation (e.g. the sandbox vanished)
+            self.outcome = Outcome(None, f"{type(e).__name__}: {e}", "infrastructure",
+                                   steps=len(self.env.trajectory.turns))
+            raise EpisodeOver(f"The episode failed: {self.outcome.error}") from None
         if result[2] or result[3]:
             self.outcome = outcome_of(self.env, result[1])
         return result
