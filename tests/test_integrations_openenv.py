@@ -173,3 +173,19 @@ def test_serve_env_cli(backend, tmp_path):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_errored_episode_ends_without_a_reward(backend):
+    """The sandbox dies mid-episode: the client sees done, reward None and the error, not 0.0."""
+    server = Server(create_app("Orchard/Claw-v0", backend=backend, max_sessions=1))
+    hub = server.app.state.orchard_hub
+    try:
+        with GenericEnvClient(base_url=server.url).sync() as client:
+            client.reset(task_id=CLAW_TASK)
+            episode = hub.episodes[-1]
+            hub.run(episode.env.sandbox.delete())
+            result = client.step({"tool": "submit", "arguments": {}})
+            assert result.done and result.reward is None and result.observation["error"]
+    finally:
+        server.close()
+    assert live_sandboxes(backend) == []
