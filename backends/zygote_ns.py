@@ -115,11 +115,12 @@ def _make_dev() -> None:
     mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
-def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str], workdir_at: str | None = None) -> None:
+def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str], workdir_at: str | None = None,
+                  tmp_size: int | None = None) -> None:
     """The sandbox's view of the file system (see the module docstring). Needs to be pid 1
     of the new PID namespace (for /proc) inside a fresh mount namespace. `workdir_at`: where
     the sandbox sees its workdir (a fork from a snapshot: at the snapshot's path, made on the
-    tmpfs that hides the sandboxes' root), by default at its own path."""
+    tmpfs that hides the sandboxes' root), by default at its own path. `tmp_size`: bytes of /tmp."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the host
     # before anything covers them: what is bound back afterwards
     back = [(os.open(p, os.O_PATH | os.O_CLOEXEC), at, w)
@@ -133,7 +134,7 @@ def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str], w
             mount(path, path, None, MS_BIND | MS_REC)
             mount_setattr(path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
     _make_dev()
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
+    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777" + (f",size={tmp_size}" if tmp_size else ""))
     for path in hide:
         if os.path.isdir(path):
             mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
