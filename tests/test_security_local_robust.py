@@ -19,7 +19,8 @@ import textwrap
 import httpx
 import pytest
 
-from conftest import HAS_BWRAP, kill_agent, wait_until
+from components import variant_limit
+from conftest import kill_agent, needs_bwrap, wait_until
 from service_helpers import Orchestrator, remove_all_sandboxes, short_root
 from orchard_gym import SandboxClient
 from orchard_gym.backends import procs
@@ -72,7 +73,7 @@ def _assert_clean(root, sandbox_id: str) -> None:
     assert not any((root / TRASH_DIR).glob(f"{sandbox_id}.*")), "left in the trash"
 
 
-ISOLATIONS = [pytest.param("bwrap", marks=pytest.mark.skipif(not HAS_BWRAP, reason="no bwrap")), "none"]
+ISOLATIONS = [pytest.param("bwrap", marks=needs_bwrap), "none"]
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -136,10 +137,11 @@ def test_the_orchestrator_deletes_a_hostile_sandbox_and_restarts_on_its_root(tmp
         shutil.rmtree(root, ignore_errors=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="chattr +i needs root")
 def test_leftovers_a_delete_could_not_remove_are_swept_later(local_root):
     """What a delete left (here an immutable file, as a root plain-process sandbox can make,
     in the trash) is removed by the next sweep, which also goes on to the other folders."""
+    if os.geteuid() != 0:
+        variant_limit("chattr +i needs root")
     backend = LocalBackend(LocalBackendConfig(root=local_root, die_with_client=False))
     stuck = local_root / TRASH_DIR / "sb-stuck.0000"
     (stuck / "sub").mkdir(parents=True)
@@ -185,3 +187,42 @@ def test_a_pool_claimed_sandboxs_snapshot_is_its_claimers_and_expires(tmp_path):
         orch.stop()
         remove_all_sandboxes(root)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- default limits
+SMALL = {"tmp_size": "8m", "workdir_size": "16m", "default_memory": "128m"}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("spawner", ["auto", "bwrap"])  # auto: the zygote where it can run (root)
+def test_writing_past_the_tmp_and_workdir_limits_fails_inside_with_words(local_root, spawner):
+    """Without limits /tmp was a tmpfs as large as host memory and the workdir was the host's
+    disk: 5 GB written went to the host. Small limits here, written slightly past."""
+    config = {"type": "local", "root": str(local_root), "isolation": "bwrap", "spawner": spawner, **SMALL}
+    with SandboxClient(config) as client:
+        box = client.create_sandbox()  # no limit asked for: the defaults hold
+        tmp = box.exec("head -c 12m /dev/zero > /tmp/fill")
+        assert tmp.exit_code != 0 and "No space left on device" in tmp.stderr, tmp
+        assert tmp.error and "no space left" in tmp.error and "/tmp" in tmp.error, tmp.error
+        assert int(box.exec("df -B1 --output=size /tmp | tail -1").stdout) <= 8 << 20
+        box.exec("rm -f /tmp/fill")
+        work = box.exec("head -c 24m /dev/zero > fill")
+        assert work.exit_code != 0 and "No space left on device" in work.stderr, work
+        assert work.error and "no space left" in work.error and box.record.workdir in work.error, work.error
+        image = local_root / box.sandbox_id / "work.img"  # what the host's disk holds for it
+        assert os.stat(image).st_blocks * 512 <= 17 << 20
+        assert box.exec("echo fine > small && cat small").stdout == "fine\n"  # after rm, usable again
+        assert box.exec("rm fill && head -c 4m /dev/zero > fill").exit_code == 0
+
+
+def test_a_sandbox_without_memory_gets_the_default_and_an_oom_says_so(local_root):
+    config = {"type": "local", "root": str(local_root), **SMALL}
+    with SandboxClient(config) as client:
+        if not (client.backend.cgroups and "memory" in client.backend.cgroups.limits):
+            variant_limit(f"no memory cgroup: the default memory is not enforced ({client.backend.no_cgroups_reason})")
+        box = client.create_sandbox()
+        assert box.resources()["limits"]["memory_bytes"] == 128 << 20
+        hog = box.exec("python3 -c 'x = bytearray(300 << 20); x[:] = b\"a\" * len(x)'", timeout=60)
+        assert hog.exit_code != 0 and hog.error and "out of memory" in hog.error, hog
+        assert "orchard: out of memory" in hog.stderr
+        assert box.exec("echo alive").stdout == "alive\n"  # the sandbox lives on
