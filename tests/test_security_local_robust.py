@@ -221,8 +221,8 @@ def test_a_sandbox_without_memory_gets_the_default_and_an_oom_says_so(local_root
         if not (client.backend.cgroups and "memory" in client.backend.cgroups.limits):
             variant_limit(f"no memory cgroup: the default memory is not enforced ({client.backend.no_cgroups_reason})")
         box = client.create_sandbox()
-        assert box.resources()["limits"]["memory_bytes"] == 128 << 20
         hog = box.exec("python3 -c 'x = bytearray(300 << 20); x[:] = b\"a\" * len(x)'", timeout=60)
         assert hog.exit_code != 0 and hog.error and "out of memory" in hog.error, hog
         assert "orchard: out of memory" in hog.stderr
+        assert box.resources()["limits"]["memory_bytes"] == 128 << 20
         assert box.exec("echo alive").stdout == "alive\n"  # the sandbox lives on
