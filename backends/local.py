@@ -88,6 +88,8 @@ class LocalBackend(Backend):
         self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
         self.tmp_size, self.workdir_size = parse_memory(self.config.tmp_size), parse_memory(self.config.workdir_size)
         self.no_workdir_limit = workdir_fs.unavailable_reason() if self.workdir_size else "workdir_size=None"
+        if self.no_workdir_limit and self.workdir_size and "workdir_size" in self.config.model_fields_set:
+            raise BackendError(f"workdir_size={self.config.workdir_size!r} cannot be held here: {self.no_workdir_limit}")
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
             raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
         self._procs: dict[str, subprocess.Popen] = {}
@@ -150,11 +152,7 @@ class LocalBackend(Backend):
         work.mkdir()
         run.mkdir()
         if not self.no_workdir_limit:  # before anything is written there (a snapshot's tree)
-            try:
-                workdir_fs.make(home / "work.img", work, self.workdir_size)
-            except BaseException:
-                _remove_quietly(home)
-                raise
+            self._limit_workdir(home, work)
         source = None
         if spec.from_snapshot is not None:
             try:
@@ -201,6 +199,23 @@ class LocalBackend(Backend):
             raise BackendError(f"cannot start the agent: {e}") from e
         self._starting[sandbox_id] = spec
         return self._record(meta, status="pending")
+
+    def _limit_workdir(self, home: Path, work: Path) -> None:
+        """Mount the size-capped workdir. Asked for in the config, a failure fails the create;
+        as the default it is said once and this backend's sandboxes go on without it."""
+        try:
+            workdir_fs.make(home / "work.img", work, self.workdir_size)
+        except BackendError as e:
+            if "workdir_size" in self.config.model_fields_set:
+                _remove_quietly(home)
+                raise
+            self.no_workdir_limit = str(e)
+            log.warning("%s; sandboxes of %s have no workdir limit", e, self.root)
+            fstree.detach_mounts(work)
+            (home / "work.img").unlink(missing_ok=True)
+        except BaseException:
+            _remove_quietly(home)
+            raise
 
     def _spawn(self, meta: dict, spec: SandboxSpec, fds: list[int]) -> None:
         """Start the sandbox's agent (closing the cgroup fds it was handed) and record its pid."""

@@ -16,7 +16,6 @@ namespace until they end.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -27,12 +26,17 @@ from orchard_gym.errors import BackendError
 MKFS_OPTIONS = ["-q", "-F", "-O", "^has_journal", "-m", "0", "-E", "lazy_itable_init=1,nodiscard"]
 
 
+def _path() -> str:
+    return os.environ.get("PATH", "/usr/bin:/bin") + ":/usr/sbin:/sbin"
+
+
 def unavailable_reason() -> str | None:
     if not os.path.exists("/dev/loop-control"):
         return "no loop devices (/dev/loop-control)"
     if os.geteuid() != 0:
         return "not root (loop mounts need it)"
-    missing = [t for t in ("mkfs.ext4", "mount") if not shutil.which(t, path=os.environ.get("PATH", "") + ":/sbin:/usr/sbin")]
+    missing = [t for t in ("mkfs.ext4", "mount")
+               if not any(os.access(os.path.join(d, t), os.X_OK) for d in _path().split(":") if d)]
     return f"{', '.join(missing)} not installed" if missing else None
 
 
@@ -41,10 +45,9 @@ def make(image: Path, mountpoint: Path, size: int) -> None:
     (an existing empty folder), which is left empty (no lost+found)."""
     with open(image, "wb") as f:
         f.truncate(size)
-    path = os.environ.get("PATH", "") + ":/sbin:/usr/sbin"
     for argv in (["mkfs.ext4", *MKFS_OPTIONS, str(image)],
                  ["mount", "-t", "ext4", "-o", "loop,nosuid,nodev", str(image), str(mountpoint)]):
-        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PATH": path})
+        done = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "PATH": _path()})
         if done.returncode != 0:
             raise BackendError(f"cannot make the sandbox's size-capped workdir ({argv[0]}): "
                                f"{done.stderr.strip()[-300:]}")
