@@ -44,9 +44,9 @@ log = logging.getLogger(__name__)
 # bubblewrap binds `/` recursively, then remounts every submount read-only; a mount that
 # goes away in between (a container's overlay, a netns file of Podman's) fails the start
 # with "bwrap: Can't ... mount ...". Nothing is wrong with the sandbox: start it again.
-TRASH_DIR = ".trash"  # deleted sandboxes' folders, until removed (a dot-name: list and sweep skip it)
 _MOUNT_RACE = re.compile(r"^bwrap: Can't .*mount", re.M)
 MOUNT_RACE_RETRIES = 3
+TRASH_DIR = ".trash"  # deleted sandboxes' folders, until removed (a dot-name: list and sweep skip it)
 _warned_no_bwrap = False
 
 
@@ -189,7 +189,8 @@ class LocalBackend(Backend):
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
         meta["limits"] = {"memory_bytes": self._memory_bytes(spec) if meta["enforced_by"]["memory"] else None,
-                          "tmp_bytes": self.tmp_size if self.bwrap else None, "workdir_bytes": None if self.no_workdir_limit else self.workdir_size}
+                          "tmp_bytes": self.tmp_size if self.bwrap else None,
+                          "workdir_bytes": None if self.no_workdir_limit else self.workdir_size}
         try:
             self._spawn(meta, spec, fds)
         except OSError as e:
@@ -303,7 +304,7 @@ class LocalBackend(Backend):
                 return None
             return "cgroup" if self._enforced_by_cgroup(meta, limit) else stand_in
         return {"pids": by("pids", self.config.pids_limit, None),
-                "memory": by("memory", spec.memory or self._memory_bytes(spec), "rlimit-as (address space of each process)"),
+                "memory": by("memory", self._memory_bytes(spec), "rlimit-as (address space of each process)"),
                 "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)"),
                 "tmp": "tmpfs size" if self.tmp_size and self.bwrap else None,  # a plain process has no own /tmp
                 "workdir": None if self.no_workdir_limit else "loop-mounted ext4 image (workdir_fs.py)"}

@@ -6,6 +6,11 @@ snapshots' owner.
   immutable file and a bind mount of a host folder). Delete, the next client's start-up
   sweep and the orchestrator must all go on (no 500), and the host folder bound in keeps
   its files (backends/fstree.py).
+- A sandbox that asks for no limits writes past /tmp's and the workdir's default sizes, and
+  allocates past the default memory: each fails inside, the result says why in words, and
+  the host holds no more than the limit (backends/workdir_fs.py, the agent's limits_hit).
+- A pool-claimed sandbox's snapshot belongs to its claimer and expires
+  (service/snapshots.py).
 """
 
 from __future__ import annotations
@@ -122,8 +127,8 @@ def test_the_orchestrator_deletes_a_hostile_sandbox_and_restarts_on_its_root(tmp
         sid = http.post("/sandboxes", params={"wait": "true"}, json={}).json()["sandbox_id"]
         with orch.client() as client:
             _make_hostile(client.get_sandbox(sid), DEPTH)
-        snap = http.post(f"/sandboxes/{sid}/snapshots")  # a tree no copy can take: a clear error
-        assert snap.status_code in (200, 502), snap.text
+        snap = http.post(f"/sandboxes/{sid}/snapshots")  # paths past PATH_MAX: no copy takes them
+        assert snap.status_code == 502 and "cannot copy" in snap.json()["detail"], snap.text  # was a 500
         gone = http.delete(f"/sandboxes/{sid}")
         assert gone.status_code == 200, gone.text
         _assert_clean(root, sid)
