@@ -142,6 +142,22 @@ def test_the_orchestrator_deletes_a_hostile_sandbox_and_restarts_on_its_root(tmp
         shutil.rmtree(root, ignore_errors=True)
 
 
+def test_a_deep_tree_that_fits_in_path_max_is_snapshotted_and_forked(local_root):
+    """1,200 levels of one-letter folders: past Python's recursion limit (the snapshot's size
+    walk raised RecursionError: a 500), within PATH_MAX (so `cp -a` copies it)."""
+    with SandboxClient({"type": "local", "root": str(local_root)}) as client:
+        box = client.create_sandbox()
+        made = box.exec("python3 -c \"import os; os.mkfifo('p'); [(os.mkdir('d'), os.chdir('d')) for _ in range(1200)]; "
+                        "open('f', 'w').write('bottom')\"")
+        assert made.exit_code == 0, made.stderr
+        snap = box.snapshot()
+        assert snap.size_bytes and snap.size_bytes > 0
+        fork = client.create_sandbox(from_snapshot=snap.snapshot_id)
+        assert fork.exec("cat " + "/".join(["d"] * 1200) + "/f").stdout == "bottom"
+        client.delete_snapshot(snap.snapshot_id)
+        assert client.list_snapshots() == []
+
+
 def test_leftovers_a_delete_could_not_remove_are_swept_later(local_root):
     """What a delete left (here an immutable file, as a root plain-process sandbox can make,
     in the trash) is removed by the next sweep, which also goes on to the other folders."""
