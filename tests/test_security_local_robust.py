@@ -24,8 +24,8 @@ import textwrap
 import httpx
 import pytest
 
-from components import variant_limit
-from conftest import kill_agent, needs_bwrap, wait_until
+from components import needs, require, variant_limit
+from conftest import DOCKER_IMAGES, docker_engine, fake_k8s_unavailable, kill_agent, needs_bwrap, wait_until
 from service_helpers import Orchestrator, remove_all_sandboxes, short_root
 from orchard_gym import SandboxClient
 from orchard_gym.backends import procs
@@ -247,3 +247,29 @@ def test_a_sandbox_without_memory_gets_the_default_and_an_oom_says_so(local_root
         assert "orchard: out of memory" in hog.stderr
         assert box.resources()["limits"]["memory_bytes"] == 128 << 20
         assert box.exec("echo alive").stdout == "alive\n"  # the sandbox lives on
+
+
+def _owner_follows(client) -> None:
+    """backend.snapshot(labels=...) stamps the owner the orchestrator passes from the claim."""
+    backend = client.backend
+    box = client.create_sandbox(DOCKER_IMAGES["busybox"])
+    owner = {"orchard-gym.owner": "sha256:" + "ab" * 32}
+    snap = client._loop.run(backend.snapshot(box.sandbox_id, owner))
+    try:
+        assert snap.labels["orchard-gym.owner"] == owner["orchard-gym.owner"]
+        assert client._loop.run(backend.get_snapshot(snap.snapshot_id)).labels["orchard-gym.owner"] == \
+            owner["orchard-gym.owner"]
+    finally:
+        client.delete_snapshot(snap.snapshot_id)
+
+
+def test_docker_snapshots_carry_the_owner_they_are_given():
+    require("docker", docker_engine()[1])
+    with SandboxClient({"type": "docker"}) as client:
+        _owner_follows(client)
+
+
+@needs("kubernetes", fake_k8s_unavailable())
+def test_kubernetes_snapshots_carry_the_owner_they_are_given(fake_k8s, tmp_path):
+    with SandboxClient(fake_k8s.backend_config(snapshot_dir=str(tmp_path / "snaps"))) as client:
+        _owner_follows(client)
