@@ -66,8 +66,10 @@ class Backend(ABC):
 
     # Snapshots (docs/snapshots.md): the filesystem state of a sandbox, not its processes.
     # `create(SandboxSpec(from_snapshot=...))` starts a sandbox from one.
-    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
-        """Freeze the sandbox's filesystem state (SandboxNotFound / SandboxFailed when it is gone)."""
+    async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
+        """Freeze the sandbox's filesystem state (SandboxNotFound / SandboxFailed when it is gone).
+        The snapshot carries the sandbox's labels, updated by `labels` (the orchestrator's owner:
+        a sandbox claimed from a warm pool got its owner after the backend made it)."""
         raise InvalidRequest(f"{self.name} backend cannot snapshot")
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:

@@ -12,6 +12,8 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
+from orchard_gym.models import Memory
+
 
 def default_injector_image() -> str:
     """$ORCHARD_INJECTOR_IMAGE, else the image scripts/build_injector_image.sh builds."""
@@ -50,6 +52,13 @@ class LocalBackendConfig(BaseModel):
         description="host paths an isolated sandbox also sees, read-only at the same path, besides its minimal view "
                     "(the userland, a filtered /etc, the interpreter, the agent and the orchard cache's shared "
                     "folders; see backends/local_view.py) (default: $ORCHARD_LOCAL_READ_ONLY, ':'-separated)")
+    # Limits of every sandbox (docs/backends.md, "Default limits"); None: unlimited. A command
+    # that hits one gets it said in its result (JobResult.error, and a line on stderr).
+    default_memory: Memory | None = Field("4g", description="memory of a sandbox whose spec asks for none "
+                                          "(/tmp's pages count too); held by its cgroup, not enforced without one")
+    tmp_size: Memory | None = Field("1g", description="size of the sandbox's private /tmp (a tmpfs: host memory)")
+    workdir_size: Memory | None = Field("10g", description="size of the workdir: a loop-mounted ext4 image per "
+                                        "sandbox (root, losetup and mkfs.ext4 needed; else not enforced)")
     any_image_as_host: bool = Field(
         default_factory=lambda: os.environ.get("ORCHARD_LOCAL_ANY_IMAGE", "").lower() in ("1", "true", "yes", "on"),
         description="run a sandbox asking for any image on the host's userland (one warning) instead of refusing "

@@ -493,8 +493,8 @@ class DockerBackend(Backend):
         return await self._run(self._sweep)
 
     # ------------------------------------------------------------------ snapshots (snapshots_docker.py)
-    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
-        return await self._run(self.snapshots.take, sandbox_id)
+    async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
+        return await self._run(self.snapshots.take, sandbox_id, labels)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await self._run(self.snapshots.delete, snapshot_id)

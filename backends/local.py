@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import warnings
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
 from orchard_gym.models import HOST_IMAGES, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
-from . import local_view, procs
+from . import fstree, local_view, procs, workdir_fs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 # with "bwrap: Can't ... mount ...". Nothing is wrong with the sandbox: start it again.
 _MOUNT_RACE = re.compile(r"^bwrap: Can't .*mount", re.M)
 MOUNT_RACE_RETRIES = 3
+TRASH_DIR = ".trash"  # deleted sandboxes' folders, until removed (a dot-name: list and sweep skip it)
 _warned_no_bwrap = False
 
 
@@ -103,6 +105,10 @@ class LocalBackend(Backend):
         self.zygote = None if self.no_zygote_reason else Zygote(
             _python()[0], os.path.realpath(AGENT_DIR), self.root / ".zygote.log", self.config.die_with_client)  # a dot-name: sweep skips it
         self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
+        self.tmp_size, self.workdir_size = parse_memory(self.config.tmp_size), parse_memory(self.config.workdir_size)
+        self.no_workdir_limit = workdir_fs.unavailable_reason() if self.workdir_size else "workdir_size=None"
+        if self.no_workdir_limit and self.workdir_size and "workdir_size" in self.config.model_fields_set:
+            raise BackendError(f"workdir_size={self.config.workdir_size!r} cannot be held here: {self.no_workdir_limit}")
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
             raise BackendError(f"cgroups={self.config.cgroups!r} but none is usable: {self.no_cgroups_reason}")
         self._procs: dict[str, subprocess.Popen] = {}
@@ -164,12 +170,14 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        if not self.no_workdir_limit:  # before anything is written there (a snapshot's tree)
+            self._limit_workdir(home, work)
         source = None
         if spec.from_snapshot is not None:
             try:
                 source = self.snapshots.restore(spec.from_snapshot, work)
             except BaseException:
-                shutil.rmtree(home, ignore_errors=True)
+                _remove_quietly(home)
                 raise
         nonce = new_token()
         isolation = "bwrap" if self.bwrap else "none"
@@ -200,15 +208,35 @@ class LocalBackend(Backend):
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
+        meta["limits"] = {"memory_bytes": self._memory_bytes(spec) if meta["enforced_by"]["memory"] else None,
+                          "tmp_bytes": self.tmp_size if self.bwrap else None,
+                          "workdir_bytes": None if self.no_workdir_limit else self.workdir_size}
         try:
             self._spawn(meta, spec, fds)
         except OSError as e:
             if cgroup:
                 cgroup.remove()
-            shutil.rmtree(home, ignore_errors=True)
+            _remove_quietly(home)
             raise BackendError(f"cannot start the agent: {e}") from e
         self._starting[sandbox_id] = spec
         return self._record(meta, status="pending")
+
+    def _limit_workdir(self, home: Path, work: Path) -> None:
+        """Mount the size-capped workdir. Asked for in the config, a failure fails the create;
+        as the default it is said once and this backend's sandboxes go on without it."""
+        try:
+            workdir_fs.make(home / "work.img", work, self.workdir_size)
+        except BackendError as e:
+            if "workdir_size" in self.config.model_fields_set:
+                _remove_quietly(home)
+                raise
+            self.no_workdir_limit = str(e)
+            log.warning("%s; sandboxes of %s have no workdir limit", e, self.root)
+            fstree.detach_mounts(work)
+            (home / "work.img").unlink(missing_ok=True)
+        except BaseException:
+            _remove_quietly(home)
+            raise
 
     def _spawn(self, meta: dict, spec: SandboxSpec, fds: list[int]) -> None:
         """Start the sandbox's agent (closing the cgroup fds it was handed) and record its pid."""
@@ -267,19 +295,26 @@ class LocalBackend(Backend):
         if self.cgroups is None:
             return None, []
         try:
-            cgroup = self.cgroups.create(sandbox_id, self.config.pids_limit, spec.memory_bytes, spec.cpu)
+            cgroup = self.cgroups.create(sandbox_id, self.config.pids_limit, self._memory_bytes(spec), spec.cpu)
         except CgroupError as e:
-            shutil.rmtree(home, ignore_errors=True)
+            _remove_quietly(home)
             raise BackendError(str(e)) from None
         try:
             return cgroup, cgroup.open_dirs()
         except OSError as e:
             cgroup.remove()
-            shutil.rmtree(home, ignore_errors=True)
+            _remove_quietly(home)
             raise BackendError(f"cannot open the sandbox's cgroup: {e}") from None
 
     def _enforced_by_cgroup(self, meta: dict, limit: str) -> bool:
         return bool(meta.get("cgroup")) and self.cgroups is not None and limit in self.cgroups.limits
+
+    def _memory_bytes(self, spec: SandboxSpec) -> int | None:
+        """The spec's memory, else the backend's default_memory (held by a cgroup only: as an
+        address-space rlimit a default would break programs that reserve much, e.g. Chromium)."""
+        if spec.memory is not None:
+            return spec.memory_bytes
+        return parse_memory(self.config.default_memory) if self.cgroups and "memory" in self.cgroups.limits else None
 
     def _enforcement(self, meta: dict, spec: SandboxSpec) -> dict:
         """What holds each limit: the sandbox's cgroup, a per-process stand-in, or nothing."""
@@ -288,8 +323,10 @@ class LocalBackend(Backend):
                 return None
             return "cgroup" if self._enforced_by_cgroup(meta, limit) else stand_in
         return {"pids": by("pids", self.config.pids_limit, None),
-                "memory": by("memory", spec.memory, "rlimit-as (address space of each process)"),
-                "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)")}
+                "memory": by("memory", self._memory_bytes(spec), "rlimit-as (address space of each process)"),
+                "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)"),
+                "tmp": "tmpfs size" if self.tmp_size and self.bwrap else None,  # a plain process has no own /tmp
+                "workdir": None if self.no_workdir_limit else "loop-mounted ext4 image (workdir_fs.py)"}
 
     def _agent_args(self, meta: dict, spec: SandboxSpec) -> list[str]:
         """The agent's options but the cgroup fds and --exit-with-parent."""
@@ -332,7 +369,8 @@ class LocalBackend(Backend):
         if not self.bwrap:
             return agent
         work, run = meta["workdir"], str(Path(meta["socket"]).parent)
-        argv = [self.bwrap, *local_view.bwrap_args(self.view)]
+        tmp = meta.get("limits", {}).get("tmp_bytes")
+        argv = [self.bwrap, *local_view.bwrap_args(self.view, tmp_size=tmp)]
         argv += ["--bind", work, inside, "--bind", run, run, "--remount-ro", "/", "--chdir", inside,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", meta["sandbox_id"][:63], "--cap-drop", "ALL", "--new-session"]
@@ -414,7 +452,8 @@ class LocalBackend(Backend):
         meta = self._meta(sandbox_id)
         if meta is None:
             return None
-        out = {"sandbox_id": sandbox_id, "backend": self.name, "enforced_by": meta.get("enforced_by", {})}
+        out = {"sandbox_id": sandbox_id, "backend": self.name, "enforced_by": meta.get("enforced_by", {}),
+               "sizes": {k: v for k, v in (meta.get("limits") or {}).items() if k != "memory_bytes"}}
         if meta.get("cgroup"):
             cgroup = SandboxCgroup.from_meta(meta["cgroup"])
             how = "cgroup.kill" if cgroup.version == 2 else "freeze, SIGKILL, thaw"
@@ -456,39 +495,82 @@ class LocalBackend(Backend):
                 proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 log.warning("sandbox %s: agent did not exit after SIGKILL", meta["sandbox_id"])
-        shutil.rmtree(Path(meta["workdir"]).parent, ignore_errors=True)
+        self._discard(Path(meta["workdir"]).parent)
+
+    def _discard(self, home: Path) -> None:
+        """Remove a sandbox's folder, whatever its processes left there (fstree.py). It is
+        first renamed into ROOT/.trash, so the sandbox is gone at once; what cannot be removed
+        now stays there, logged, and every sweep tries again."""
+        doomed = self.root / TRASH_DIR / f"{home.name}.{uuid.uuid4().hex[:8]}"
+        try:
+            doomed.parent.mkdir(mode=0o700, exist_ok=True)
+            os.rename(home, doomed)
+        except FileNotFoundError:
+            return
+        except OSError as e:
+            log.warning("cannot move %s to the trash (%s); removing it in place", home, e)
+            doomed = home
+        try:
+            fstree.remove_tree(doomed)
+        except OSError as e:
+            log.warning("%s; the next sweep tries again", e)
 
     def sweep_sync(self) -> list[str]:
-        """Remove sandboxes whose creating process died (die_with_client) or whose agent died."""
+        """Remove sandboxes whose creating process died (die_with_client) or whose agent died,
+        and what earlier deletes could not remove. One folder that fails is logged and left
+        for the next sweep: it never stops the others, nor a backend's start."""
         removed = []
-        removed += self.snapshots.sweep()
-        for home in self.root.iterdir():
-            if home.name.startswith("."):  # the snapshot store
-                continue
-            meta = self._meta(home.name)
-            if meta is None:
-                # a folder without meta.json is a create that crashed midway; give it a minute
-                if home.is_dir() and time.time() - home.stat().st_mtime > 60:
-                    shutil.rmtree(home, ignore_errors=True)
+        try:
+            removed += self.snapshots.sweep()
+        except Exception:
+            log.exception("the snapshot sweep of %s failed; the next sweep tries again", self.root)
+        for home in self._homes():
+            try:
+                if self._sweep_one(home):
                     removed.append(home.name)
-                continue
-            owner_gone = meta.get("die_with_client") and not procs.alive(meta.get("owner"))
-            if owner_gone or not procs.alive(meta.get("pid")):
-                self._destroy(meta)
-                removed.append(meta["sandbox_id"])
+            except Exception:
+                log.exception("cannot sweep %s; the next sweep tries again", home)
+        for doomed in self._homes(TRASH_DIR):
+            try:
+                fstree.remove_tree(doomed)
+            except Exception as e:
+                log.warning("%s; the next sweep tries again", e)
         return removed
+
+    def _homes(self, under: str = "") -> list[Path]:
+        try:
+            return list((self.root / under).iterdir())
+        except FileNotFoundError:
+            return []
+
+    def _sweep_one(self, home: Path) -> bool:
+        if home.name.startswith("."):  # the snapshot store, the trash, the zygote's log
+            return False
+        meta = self._meta(home.name)
+        if meta is None:
+            # a folder without meta.json is a create that crashed midway; give it a minute
+            if home.is_dir() and time.time() - home.lstat().st_mtime > 60:
+                self._discard(home)
+                return True
+            return False
+        owner_gone = meta.get("die_with_client") and not procs.alive(meta.get("owner"))
+        if owner_gone or not procs.alive(meta.get("pid")):
+            self._destroy(meta)
+            return True
+        return False
 
     async def sweep(self) -> list[str]:
         return await run_in_thread(self.sweep_sync)
 
     # ------------------------------------------------------------------ snapshots (snapshots_local.py)
-    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
+    async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
         meta = self._meta(sandbox_id)
         if meta is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
         if not procs.alive(meta.get("pid")):
             raise SandboxFailed(f"sandbox {sandbox_id} is not running; cannot snapshot it")
         cgroup = SandboxCgroup.from_meta(meta["cgroup"]) if meta.get("cgroup") else None
+        meta["labels"] = {**(meta.get("labels") or {}), **(labels or {})}
         return await asyncio.to_thread(self.snapshots.take, meta, cgroup.frozen if cgroup else None)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
@@ -511,6 +593,14 @@ class LocalBackend(Backend):
         self._procs.clear()
         if self.zygote is not None:
             await asyncio.to_thread(self.zygote.close)
+
+
+def _remove_quietly(home: Path) -> None:
+    """A create's clean-up: remove what it made, logging (not raising) what stays."""
+    try:
+        fstree.remove_tree(home)
+    except OSError as e:
+        log.warning("%s; the next sweep tries again", e)
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -132,8 +132,8 @@ def check_steps(steps) -> list[list[str]]:
     return steps
 
 
-def bwrap_args(steps: list[list[str]]) -> list[str]:
-    """The plan as bubblewrap options (before the work and run binds)."""
+def bwrap_args(steps: list[list[str]], tmp_size: int | None = None) -> list[str]:
+    """The plan as bubblewrap options (before the work and run binds); `tmp_size`: bytes of /tmp."""
     argv: list[str] = []
     for kind, *args in steps:
         if kind == "symlink":
@@ -144,6 +144,8 @@ def bwrap_args(steps: list[list[str]]) -> list[str]:
             argv += ["--ro-bind", "/dev/null", args[0]]  # bwrap's binds are nodev: opening it fails
         elif kind == "cover-dir":
             argv += ["--tmpfs", args[0], "--remount-ro", args[0]]
+        elif kind == "tmpfs" and args[0] == "/tmp" and tmp_size:
+            argv += ["--size", str(tmp_size), "--tmpfs", "/tmp"]
         else:
             argv += [f"--{kind}", args[0]]
     return argv

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound, SnapshotNotFound
@@ -72,7 +73,7 @@ class DockerSnapshots:
                               labels={k[len(user):]: v for k, v in labels.items() if k.startswith(user)})
 
     # ------------------------------------------------------------------ take
-    def take(self, sandbox_id: str) -> SnapshotRecord:
+    def take(self, sandbox_id: str, extra_labels: dict[str, str] | None = None) -> SnapshotRecord:
         b = self.b
         attrs = b._inspect(sandbox_id)
         if attrs is None:
@@ -90,6 +91,10 @@ class DockerSnapshots:
                    f"LABEL {self.created_label}={time.time():.6f}"]
         if image and not any(c.isspace() or c in "\"'\\" for c in image):
             changes.append(f"LABEL {self.image_label}={image}")
+        for key, value in (extra_labels or {}).items():  # the claim's owner (word characters and ':')
+            if not re.fullmatch(r"[\w.:/-]+", key + value):
+                raise InvalidRequest(f"snapshot label {key!r}={value!r}: only letters, digits and ._:/- here")
+            changes.append(f"LABEL {b.user_label}{key}={value}")
         try:
             b.api.commit(attrs["Id"], repository=self.repo, tag=snapshot_id, pause=True, changes=changes)
         except derr.NotFound:

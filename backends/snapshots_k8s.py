@@ -140,7 +140,7 @@ class KubernetesSnapshots:
     def _mine(self, meta: dict) -> bool:
         return meta.get("owner") == self.b.owner
 
-    async def take(self, sandbox_id: str) -> SnapshotRecord:
+    async def take(self, sandbox_id: str, extra_labels: dict[str, str] | None = None) -> SnapshotRecord:
         record = await self.b.get(sandbox_id)
         if record is None:
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
@@ -171,7 +171,7 @@ class KubernetesSnapshots:
         finally:
             await agent.aclose()
         meta = {"snapshot_id": snapshot_id, "sandbox_id": sandbox_id, "backend": self.b.name, "image": record.image,
-                "created_at": time.time(), "labels": dict(record.labels), "owner": self.b.owner,
+                "created_at": time.time(), "labels": {**record.labels, **(extra_labels or {})}, "owner": self.b.owner,
                 "identity": self.b.identity, "workdir": workdir}
         self.store.commit(snapshot_id, meta)
         return self._record(self.store.meta(snapshot_id))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from orchard_gym.errors import BackendError, SnapshotNotFound
 from orchard_gym.models import SNAPSHOT_ID_RE, SnapshotRecord
 
 from . import procs
+from .fstree import remove_tree, tree_size
 from .base import new_snapshot_id
 
 log = logging.getLogger(__name__)
@@ -40,17 +40,6 @@ def copy_tree(src: Path, dst: Path) -> None:
     r = subprocess.run(["cp", "-a", "--reflink=auto", "--", f"{src}/.", str(dst)], capture_output=True, text=True)
     if r.returncode != 0:
         raise BackendError(f"cannot copy {src} to {dst}: {r.stderr.strip()[-500:]}")
-
-
-def tree_size(path: Path) -> int:
-    total = 0
-    for dirpath, dirnames, filenames in os.walk(path):
-        for name in filenames + dirnames:
-            try:
-                total += os.lstat(os.path.join(dirpath, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
 
 
 class LocalSnapshotStore:
@@ -98,7 +87,7 @@ class LocalSnapshotStore:
             (tmp / "meta.json").write_text(json.dumps(meta))
             os.rename(tmp, home)
         except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            _remove_quietly(tmp)
             raise
         return self._record(meta)
 
@@ -142,20 +131,31 @@ class LocalSnapshotStore:
             os.rename(home, doomed)
         except OSError:
             return False
-        shutil.rmtree(doomed, ignore_errors=True)
+        _remove_quietly(doomed)  # a crashed or failed removal: the sweep finishes it
         return True
 
     def sweep(self) -> list[str]:
         """Remove snapshots whose taking process died (when die_with_client) and leftovers
-        of takes that crashed midway."""
+        of takes and deletes that crashed or failed midway. One that fails is logged and
+        left for the next sweep."""
         removed = []
         for home in self._homes():
-            if home.name.startswith("."):
-                if time.time() - home.stat().st_mtime > 60:  # a crashed take or delete
-                    shutil.rmtree(home, ignore_errors=True)
-                continue
-            meta = self._meta(home.name)
-            if meta and meta.get("die_with_client") and not procs.alive(meta.get("owner")):
-                if self.delete(home.name):
-                    removed.append(home.name)
+            try:
+                if home.name.startswith("."):
+                    if time.time() - home.lstat().st_mtime > 60:  # a crashed take, or a delete
+                        remove_tree(home)
+                    continue
+                meta = self._meta(home.name)
+                if meta and meta.get("die_with_client") and not procs.alive(meta.get("owner")):
+                    if self.delete(home.name):
+                        removed.append(home.name)
+            except Exception as e:
+                log.warning("cannot sweep snapshot %s (%s); the next sweep tries again", home.name, e)
         return removed
+
+
+def _remove_quietly(path: Path) -> None:
+    try:
+        remove_tree(path)
+    except OSError as e:
+        log.warning("%s; the next sweep tries again", e)

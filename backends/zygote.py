@@ -184,7 +184,7 @@ def zygote_request(meta: dict, spec_env: dict, agent_args: list[str], view: list
             "workdir_at": meta.get("sandbox_workdir", meta["workdir"]),  # a fork: at its snapshot's path
             "rundir": str(Path(meta["socket"]).parent), "view": view, "network": meta["network"],
             "env": spec_env, "agent_args": agent_args, "cgroup_fds": cgroup_fds,
-            "job_cgroup_index": job_cgroup_index}
+            "job_cgroup_index": job_cgroup_index, "tmp_size": (meta.get("limits") or {}).get("tmp_bytes")}
 
 
 class ZygoteChild:

@@ -136,9 +136,9 @@ def _make_proc(proc: str) -> None:
             mount_setattr(path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
 
 
-def _tmpfs(path: str, mode: str, read_only: bool = False) -> None:
+def _tmpfs(path: str, mode: str, read_only: bool = False, size: int | None = None) -> None:
     os.makedirs(path, exist_ok=True)
-    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}" + (f",size={size}" if size else ""))
     if read_only:
         mount_setattr(path, MOUNT_ATTR_RDONLY)
 
@@ -153,11 +153,13 @@ def pivot_root(new_root: str) -> None:
     os.chdir("/")
 
 
-def set_up_mounts(workdir: str, rundir: str, view: list[list[str]], workdir_at: str | None = None) -> None:
+def set_up_mounts(workdir: str, rundir: str, view: list[list[str]], workdir_at: str | None = None,
+                  tmp_size: int | None = None) -> None:
     """The sandbox's view of the file system (see the module docstring; `view`:
     local_view.plan()'s steps, checked). Needs to be pid 1 of the new PID namespace (for
     /proc) inside a fresh mount namespace. `workdir_at`: where the sandbox sees its workdir
-    (a fork from a snapshot: at the snapshot's path), by default at its own path."""
+    (a fork from a snapshot: at the snapshot's path), by default at its own path. `tmp_size`:
+    bytes of the sandbox's /tmp (None: unbounded but for the memory cgroup)."""
     mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the host
     # before anything covers them (the new root is staged on /tmp): every source
     opened = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in
@@ -174,7 +176,7 @@ def set_up_mounts(workdir: str, rundir: str, view: list[list[str]], workdir_at: 
         elif kind == "cover-dir":
             _tmpfs(at, "0755", read_only=True)
         elif kind == "tmpfs":
-            _tmpfs(at, "1777")
+            _tmpfs(at, "1777", size=tmp_size if args[-1] == "/tmp" else None)
         elif kind == "proc":
             os.makedirs(at, exist_ok=True)
             _make_proc(at)

@@ -39,7 +39,8 @@ import traceback
 MAX_REQUEST = 256 * 1024
 MAX_FDS = 16
 KEYS = {"v": int, "sandbox_id": str, "workdir": str, "workdir_at": str, "rundir": str, "view": list,
-        "network": str, "env": dict, "agent_args": list, "cgroup_fds": int, "job_cgroup_index": (int, type(None))}
+        "network": str, "env": dict, "agent_args": list, "cgroup_fds": int, "job_cgroup_index": (int, type(None)),
+        "tmp_size": (int, type(None))}
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -79,6 +80,8 @@ def check_request(req, nfds: int) -> dict:
         raise BadRequest("agent_args must be strings")
     if not 0 <= req["cgroup_fds"] <= MAX_FDS - 1 or nfds != 1 + req["cgroup_fds"]:
         raise BadRequest(f"expected the log fd and {req['cgroup_fds']} cgroup fds, got {nfds} fds")
+    if req["tmp_size"] is not None and req["tmp_size"] <= 0:
+        raise BadRequest("tmp_size must be a positive byte count")
     job = req["job_cgroup_index"]
     if job is not None and not 0 <= job < req["cgroup_fds"]:
         raise BadRequest("job_cgroup_index is out of range")
@@ -158,7 +161,7 @@ def _sandbox_main(req: dict, log_fd: int, cgroup_fds: list[int], agent_main) -> 
     import zygote_ns as ns
 
     try:
-        ns.set_up_mounts(req["workdir"], req["rundir"], req["view"], req["workdir_at"])
+        ns.set_up_mounts(req["workdir"], req["rundir"], req["view"], req["workdir_at"], req["tmp_size"])
         socket.sethostname(req["sandbox_id"][:63])
         if req["network"] == "none":
             ns.loopback_up()

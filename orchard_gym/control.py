@@ -90,6 +90,10 @@ def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -
         exit_code = TIMED_OUT_EXIT
         sep = "\n" if stderr and not stderr.endswith("\n") else ""
         stderr += f"{sep}Command timed out after {req.timeout:g}s and was killed\n"
+    limit = getattr(result, "limit", None)
+    if limit:  # where the caller (a policy) reads: on stderr too
+        sep = "\n" if stderr and not stderr.endswith("\n") else ""
+        stderr += f"{sep}orchard: {limit}\n"
     return JobResult(
         job_id=req.job_id or uuid.uuid4().hex,
         sandbox_id=sandbox_id,
@@ -101,7 +105,8 @@ def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -
         created_at=started,
         started_at=started,
         completed_at=now,
-        error=f"timed out after {req.timeout:g}s" if result.timed_out else ("cancelled" if getattr(result, "cancelled", False) else None),
+        error=f"timed out after {req.timeout:g}s" if result.timed_out else ("cancelled" if getattr(result, "cancelled", False)
+                                                                           else limit or None),
         duration=result.duration,
         timed_out=result.timed_out,
         truncated=result.truncated,

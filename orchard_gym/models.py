@@ -209,6 +209,8 @@ class ExecResult(BaseModel):
     truncated: bool = False
     cancelled: bool = False
     job_id: str | None = None
+    limit: str | None = Field(None, description="a resource limit the command hit, in words (out of memory, "
+                                                "no space left)")
 
 
 class JobResult(BaseModel):
@@ -271,3 +273,4 @@ class ExecEvent(BaseModel):
     truncated: bool = False
     cancelled: bool = False
     job_id: str | None = None
+    limit: str | None = None  # as ExecResult.limit

@@ -140,6 +140,7 @@ def test_garbage_to_the_zygote_is_refused_and_it_keeps_serving(local_root):
                json.dumps({**good, "agent_args": ["ok", 3]}).encode(),
                json.dumps({**good, "cgroup_fds": True}).encode(),
                json.dumps({**good, "job_cgroup_index": 0}).encode(),
+               json.dumps({**good, "tmp_size": -1}).encode(),
                json.dumps({**good, "v": 2}).encode(),
                json.dumps({**good, "view": [["ro", "/"]]}).encode(),
                json.dumps({**good, "view": [["ro", "/usr/../etc"]]}).encode(),

@@ -72,6 +72,7 @@ def _use_cgroups(join_fds: list[int], job_fd: int | None) -> None:
     """Join the sandbox's cgroups (before any command runs) and make jobs below them."""
     if job_fd is not None:
         jobs.JOB_CGROUPS = JobCgroups(job_fd)
+    jobs.SANDBOX_CGROUPS = list(join_fds)
     for fd in join_fds:
         _write_at(fd, "cgroup.procs", "0")  # "0": the writer itself
 

@@ -212,6 +212,65 @@ def _write_at(dir_fd: int, path: str, value: str) -> None:
 
 
 JOB_CGROUPS: JobCgroups | None = None  # set by main() when the backend passes a cgroup
+SANDBOX_CGROUPS: list[int] = []  # the sandbox's cgroup folders (main() sets them): its OOM kills count there
+
+
+# ---------------------------------------------------------------------------- limits, in words
+def _counter(text: str, key: str) -> int:
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == key and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _first(names: tuple[str, ...]) -> str | None:
+    for fd in SANDBOX_CGROUPS:
+        for name in names:
+            try:
+                return _read_at(fd, name)
+            except OSError:
+                continue
+    return None
+
+
+def oom_kills() -> int:
+    """Processes of the sandbox the kernel killed at its memory limit so far (v2 memory.events,
+    v1 memory.oom_control); 0 without a memory cgroup."""
+    return _counter(_first(("memory.events", "memory.oom_control")) or "", "oom_kill")
+
+
+def _size(n: int) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def limits_hit(cwd: str, ooms_before: int) -> str | None:
+    """What resource limit a failed command most likely hit, in words (None: none seen): an
+    OOM kill in the sandbox while it ran, or a full file system under its cwd or /tmp."""
+    said = []
+    if oom_kills() > ooms_before:
+        limit = (_first(("memory.max", "memory.limit_in_bytes")) or "").strip()
+        at = f" ({_size(int(limit))})" if limit.isdigit() else ""
+        said.append(f"out of memory: the kernel killed a process of this sandbox at its memory limit{at}")
+    seen = set()
+    for path in (os.path.normpath(cwd), "/tmp"):
+        try:
+            st, dev = os.statvfs(path), os.stat(path).st_dev
+        except OSError:
+            continue
+        if dev in seen or not st.f_blocks:
+            continue
+        seen.add(dev)
+        size = st.f_blocks * st.f_frsize
+        if st.f_bavail * st.f_frsize < min(2 << 20, size // 10):  # a write of a few blocks failed
+            said.append(f"no space left on device: the file system of {path} ({_size(size)}) is full")
+        elif st.f_files and st.f_favail == 0:
+            said.append(f"no space left on device: the file system of {path} has no free inodes")
+    return "; ".join(said) or None
 
 
 def kill_job(proc: subprocess.Popen, marker: str) -> None:
@@ -284,6 +343,7 @@ class Runner:
         env.update(extra_env)
         env[JOB_MARKER] = marker
         procs_fd, pass_fds, hook = None, (), None
+        ooms = oom_kills() if SANDBOX_CGROUPS else 0
         if JOB_CGROUPS is not None:
             procs_fd, argv, pass_fds, hook = JOB_CGROUPS.prepare(marker, argv)
         proc = None
@@ -314,7 +374,7 @@ class Runner:
             self.active[job_id] = (proc, marker)
         if stdin is not None:
             threading.Thread(target=_feed_stdin, args=(proc, stdin.encode()), daemon=True).start()
-        return Job(job_id, proc, marker, timeout)
+        return Job(job_id, proc, marker, timeout, cwd, ooms)
 
     def cancel(self, job_id: str) -> bool:
         """Kill a running job; its exec answers with cancelled=true. False: no such job."""
@@ -413,7 +473,7 @@ class Runner:
                 _tracked_pids.discard(proc.pid)
             if JOB_CGROUPS is not None:
                 JOB_CGROUPS.release(marker)
-        yield "exit", {
+        result = {
             "exit_code": -9 if timed_out else code,
             "duration": round(time.monotonic() - start, 6),
             "timed_out": timed_out,
@@ -421,6 +481,10 @@ class Runner:
             "cancelled": cancelled,
             "job_id": job.job_id,
         }
+        limit = limits_hit(job.cwd, job.ooms) if code != 0 and not (timed_out or cancelled) else None
+        if limit:
+            result["limit"] = limit
+        yield "exit", result
 
     def run(self, req: dict, client: socket.socket | None = None) -> dict:
         max_output = _number(req, "max_output", self.max_output, integer=True)
@@ -449,10 +513,11 @@ class Runner:
 class Job:
     """A started command: its id (the client's, or ours), process, kill marker and timeout."""
 
-    __slots__ = ("job_id", "proc", "marker", "timeout")
+    __slots__ = ("job_id", "proc", "marker", "timeout", "cwd", "ooms")
 
-    def __init__(self, job_id: str, proc: subprocess.Popen, marker: str, timeout: float):
+    def __init__(self, job_id: str, proc: subprocess.Popen, marker: str, timeout: float, cwd: str, ooms: int = 0):
         self.job_id, self.proc, self.marker, self.timeout = job_id, proc, marker, timeout
+        self.cwd, self.ooms = cwd, ooms  # for the words on a limit it hit
 
 
 def _hung_up(sock: socket.socket) -> bool:

@@ -5,8 +5,8 @@
     DELETE /snapshots/{snapshot_id}            -> {status: deleted, snapshot_id}
     POST   /sandboxes {"from_snapshot": id}    (api.py) starts a sandbox from one
 
-A snapshot carries its sandbox's labels, owner label included, so it belongs to the key
-that owned the sandbox: another key gets the same 404 as for a missing one (`check_scope`
+A snapshot carries its sandbox's labels and the owner label of its record (a pooled
+sandbox's backend labels predate its claim), so it belongs to the key that owned the sandbox: another key gets the same 404 as for a missing one (`check_scope`
 looks up `{snapshot_id}` like `{sandbox_id}`). The backend keeps the snapshots; the
 reconciler deletes an orchestrator's snapshots `snapshot_ttl` seconds after they were
 taken (their client deletes them sooner, when it closes).
@@ -23,6 +23,7 @@ from orchard_gym.errors import SnapshotNotFound
 from orchard_gym.models import SnapshotRecord
 
 from .auth import OWNER_LABEL, RESERVED_LABEL_PREFIX, Caller, caller_of, check_scope
+from .pools import POOL_LABEL
 
 router = APIRouter(dependencies=[Depends(check_scope)])
 
@@ -50,8 +51,11 @@ async def visible_snapshot(request: Request, caller: Caller, snapshot_id: str) -
              response_model=SnapshotRecord)
 async def take_snapshot(request: Request, sandbox_id: str) -> dict:
     svc = request.app.state.service
-    await svc.sandboxes.use(sandbox_id)  # 404 when gone, 409 when failed; counts as a heartbeat
-    return public_snapshot(await svc.backend.snapshot(sandbox_id))
+    record = await svc.sandboxes.use(sandbox_id)  # 404 when gone, 409 when failed; counts as a heartbeat
+    # the owner comes from the record, not the backend: a sandbox claimed from a warm pool was
+    # made (and labelled) before it had one
+    owner = {OWNER_LABEL: record.labels[OWNER_LABEL]} if OWNER_LABEL in record.labels else None
+    return public_snapshot(await svc.backend.snapshot(sandbox_id, owner))
 
 
 @router.get("/snapshots", summary="list your snapshots", response_model=list[SnapshotRecord])
@@ -71,13 +75,14 @@ async def delete_snapshot(request: Request, snapshot_id: str) -> dict:
 
 
 async def expire_snapshots(backend, ttl: float) -> int:
-    """The reconciler's pass: delete this orchestrator's snapshots older than `ttl`."""
+    """The reconciler's pass: delete this orchestrator's snapshots older than `ttl` (also those
+    of pooled sandboxes taken before their owner was stamped on, which no key could see)."""
     try:
         snapshots = await backend.list_snapshots()
     except Exception:  # a backend without snapshots
         return 0
     done = 0
     for s in snapshots:
-        if OWNER_LABEL in s.labels and s.created_at + ttl < time.time():
+        if (OWNER_LABEL in s.labels or POOL_LABEL in s.labels) and s.created_at + ttl < time.time():
             done += int(await backend.delete_snapshot(s.snapshot_id))
     return done
