@@ -485,3 +485,55 @@ def test_a_verdict_run_that_cannot_start_is_a_grading_error(local_root):
     out = asyncio.run(episode(config_for("local", local_root), SEMVER, [gold], prove=False, tasks=tasks))
     assert out.reward == 0.0 and out.report["error_kind"] == "grading", out.report
     assert "verdict plugin" in out.report["error"] and not out.trajectory.ok
+
+
+def test_tamper_scan_rules():
+    """The static half alone: no gold patch of a built-in task trips it; every rule has a line it
+    catches; a protected path is not its business (it is put back anyway); a rule the base file
+    already matches is not a finding."""
+    from orchard_gym.envs.swe.tamper_scan import RULES, exempt, scan
+
+    def rules_for(task):
+        return ProtectedPaths(task.test_files, task.env, base_names(task.source_archive))
+
+    assert {t.instance_id: scan(t.patch, rules_for(t)) for t in TASKS.values()} == \
+        {t.instance_id: [] for t in TASKS.values()}
+    caught = {
+        "test runner internals": "from _pytest.reports import TestReport",
+        "imports a test framework": "import pytest",
+        "unittest result objects": "TestResult.addFailure = lambda *a: None",
+        "ends the process": "os._exit(0)",
+        "atexit": "atexit.register(claim)",
+        "sys.modules": "sys.modules['semver'] = fake",
+        "builtins": "builtins.print = quiet",
+        "trace or audit hook": "sys.settrace(skip_asserts)",
+        "import machinery": "sys.meta_path.insert(0, Finder())",
+        "frames and code objects": "test.__code__ = (lambda: None).__code__",
+        "dynamic code": "exec(payload)",
+        "native code": "import ctypes",
+        "process output and descriptors": "sys.stdout = Filter(sys.stdout)",
+        "writes the tests or their start-up": "open('tests/conftest.py', 'w')",
+    }
+    assert set(caught) == {name for name, _ in RULES}
+    rules = rules_for(TASKS[SEMVER])
+
+    def patch(path, lines, new=False):
+        head = "--- /dev/null\n" if new else f"--- a/{path}\n"
+        body = "".join(f"+{line}\n" for line in lines)
+        return f"diff --git a/{path} b/{path}\n{head}+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{body}"
+
+    for rule, line in caught.items():
+        found = scan(patch("src/semver/version.py", ["x = 1", line]), rules)
+        assert [(f["rule"], f["line"]) for f in found if f["rule"] == rule] == [(rule, 2)], (rule, found)
+    assert scan(patch("src/semver/version.py", ["re.compile(x)  # not exec(", "x.modules = 1"]), rules) == []
+    assert scan(patch("tests/conftest.py", ["import os; os._exit(0)"]), rules) == []  # dropped before the tests
+    binary = "diff --git a/src/semver/_speed.so b/src/semver/_speed.so\nnew file mode 100755\nGIT binary patch\n"
+    assert [f["rule"] for f in scan(binary, rules)] == ["compiled or binary Python code"]
+    for attack, (task_id, path, code, scanned, _) in TAMPER_ATTACKS.items():
+        assert bool(scan(patch(path, code(TASKS[task_id]).splitlines()), rules_for(TASKS[task_id]))) == scanned, attack
+
+    async def base(path):  # the base file already leaves with sys.exit (a CLI), but never wrote sys.modules
+        return "import sys\n\ndef main():\n    sys.exit(run())\n"
+
+    found = scan(patch("src/semver/cli.py", ["    sys.exit(2)", "sys.modules['x'] = y"]), rules)
+    assert [f["rule"] for f in asyncio.run(exempt(found, base))] == ["sys.modules"]

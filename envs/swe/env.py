@@ -232,7 +232,7 @@ class SWEEnv(SandboxEnv):
         if run.test_patch_applied and report["named"]:
             if report["resolved"] and self.tamper_check and pytest_parser(task.log_parser):
                 try:
-                    await self._check_verdicts(task, patch, report)
+                    await self._check_verdicts(ctx, task, patch, report)
                 except INFRA_ERRORS:
                     raise
                 except (OrchardError, RuntimeError, ValueError) as e:  # VerdictRunError included
@@ -279,10 +279,13 @@ class SWEEnv(SandboxEnv):
             run.tampering = [{"source": "scan", **f} for f in await exempt(found, lambda p: _base_text(ctx, p))]
         return run
 
-    async def _check_verdicts(self, task: SWETask, patch: bytes, report: dict) -> None:
-        """Run the tests again as the verdict run (a fresh sandbox, also when grading in place: the
-        policy's may hold anything) and add what disagrees with the log to report["tampering"]."""
-        run = await self._run_fresh(task, patch, verdicts=True)
+    async def _check_verdicts(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict) -> None:
+        """Run the tests again as the verdict run (in another fresh sandbox; in place when grading in
+        place) and add what disagrees with the log, or what the plugin saw, to report["tampering"]."""
+        if self.grade_in_place:
+            run = await self._test(ctx, task, None, verdicts=True)
+        else:
+            run = await self._run_fresh(task, patch, verdicts=True)
         if not run.applied or not run.test_patch_applied or run.verdicts is None:
             raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
         findings, summary = compare(report, run.verdicts, task.model_dump(mode="json"))

@@ -20,11 +20,11 @@ import shlex
 
 from .evaluation import TestRun, apply_submission, scratch_path, uploaded
 from .protected import ProtectedPaths
-from .verdicts import verdict_exec
+from .verdicts import START_MARKER, verdict_exec
 
 HEREDOC = "EOF_114329324912"  # the delimiter SWE-bench's scripts use
 ACTIVATE = ["source /opt/miniconda3/bin/activate", "conda activate testbed"]
-START = ": '>>>>> Start Test Output'"
+START = START_MARKER
 END = ": '>>>>> End Test Output'"
 
 
@@ -75,10 +75,10 @@ async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None,
         return run
     # the script applies the test patch itself; whether it did shows in the log (no marker, no tests)
     run.test_patch_applied = True
+    if verdicts:
+        run.verdicts = await verdict_exec(ctx, None, scratch_path(ctx), timeout, script=eval_script(task))
+        return run
     async with uploaded(ctx, eval_script(task).encode()) as script:
-        if verdicts:
-            run.verdicts = await verdict_exec(ctx, f"/bin/bash {shlex.quote(script)}", scratch_path(ctx), timeout)
-            return run
         r = await ctx.sandbox.exec(f"/bin/bash {shlex.quote(script)} 2>&1", cwd=ctx.cwd, timeout=timeout)
     run.output, run.exit_code, run.timed_out = r.stdout + r.stderr, None, r.timed_out
     return run

@@ -28,6 +28,7 @@ import shlex
 from pathlib import Path
 
 MARK = "ORCHARD-VERDICTS"
+START_MARKER = ": '>>>>> Start Test Output'"  # SWE-bench's eval scripts: the test command follows
 START_MARK = "ORCHARD-VERDICT-DRIVER"
 _HERE = Path(__file__).parent
 MAX_LISTED = 10  # tests named per finding
@@ -37,14 +38,28 @@ class VerdictRunError(RuntimeError):
     """The verdict run could not be made (not the submission's doing): grading is errored."""
 
 
-async def verdict_exec(ctx, command: str, folder: str, timeout: float, env: dict | None = None) -> dict:
-    """Run the shell `command` under the driver in `folder` (a fresh path outside the repository),
-    in `ctx.cwd`; the driver's result, or `{"killed": reason}` when it started but never reported."""
+def with_plugin_path(script: str, folder: str) -> str:
+    """An eval script that sets its own PYTHONPATH (`PYTHONPATH=src; export PYTHONPATH`) would hide
+    the plugin: put its folder back in front right after the start marker, before the tests run."""
+    line = f'export PYTHONPATH={shlex.quote(folder)}"${{PYTHONPATH:+:$PYTHONPATH}}"'
+    lines = script.split("\n")
+    at = next((i for i, text in enumerate(lines) if text.strip() == START_MARKER), None)
+    return script if at is None else "\n".join([*lines[:at + 1], line, *lines[at + 1:]])
+
+
+async def verdict_exec(ctx, command: str | None, folder: str, timeout: float, env: dict | None = None,
+                       script: str | None = None) -> dict:
+    """Run the shell `command` (or the bash `script`) under the driver in `folder` (a fresh path
+    outside the repository), in `ctx.cwd`; the driver's result, or `{"killed": reason}` when it
+    started but never reported."""
     nonce = secrets.token_hex(16)
     module = f"orchard_verdict_{secrets.token_hex(6)}"
     driver = f"{folder}/driver.py"
     await ctx.sandbox.upload_content((_HERE / "verdict_driver.py").read_bytes(), driver)
     await ctx.sandbox.upload_content((_HERE / "verdict_plugin.py").read_bytes(), f"{folder}/{module}.py")
+    if script is not None:
+        await ctx.sandbox.upload_content(with_plugin_path(script, folder).encode(), f"{folder}/eval.sh")
+        command = f"/bin/bash {shlex.quote(folder)}/eval.sh"
     argv = ["python3", driver, folder, module, f"{folder}/tests.log", str(timeout), "--", "/bin/bash", "-c", command]
     # the driver says it runs before the tests start (so "no line" cannot be a killed driver)
     script = f"echo {START_MARK} && exec {shlex.join(argv)}"
