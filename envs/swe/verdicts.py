@@ -68,6 +68,8 @@ async def verdict_exec(ctx, command: str | None, folder: str, timeout: float, en
                                    stdin=nonce + "\n", timeout=timeout + 60)
     finally:
         await ctx.sandbox.exec(f"rm -rf {shlex.quote(folder)}", timeout=60)
+    if r.timed_out:
+        raise VerdictRunError(f"the verdict run timed out after {timeout + 60:.0f}s")
     out = r.stdout.splitlines()
     if START_MARK not in out:
         raise VerdictRunError(f"the verdict driver did not start ({r.exit_code}): {(r.stdout + r.stderr)[-1000:]}")
@@ -95,6 +97,8 @@ def compare(graded: dict, result: dict, task: dict) -> tuple[list[dict], dict]:
     summary["tests"] = len(result.get("tests") or {})
     if "killed" in result:
         return [{"source": "verdicts", "what": result["killed"]}], summary
+    if result.get("timed_out"):  # slow or made to hang: either way not paid, and not called tampering
+        raise VerdictRunError(f"the verdict run's tests timed out: {result.get('log_tail', '')[-500:]}")
     if not result.get("started"):
         raise VerdictRunError("the verdict run's pytest never loaded the verdict plugin (does the test command run "
                               "pytest, and keep PYTHONPATH and PYTEST_ADDOPTS?): " + result.get("log_tail", "")[-1000:])
