@@ -46,8 +46,8 @@ def read_pipe(fd, child, deadline):
             if not data:
                 break  # every writer is gone
             chunks.append(data)
-        elif child.poll() is not None:
-            break
+        if child.poll() is not None and not ready:
+            break  # the child is gone and the pipe is quiet (a writer it left is not waited for)
         if time.monotonic() > deadline:
             timed_out = True
             break
@@ -78,7 +78,7 @@ def main():
     more, _ = read_pipe(r, child, time.monotonic() + 1.0)  # a writer outside the session: stop after 1 s
     chunks += more
     result = {"exit_code": code, "timed_out": timed_out, "started": 0, "ended": 0, "tests": {}, "tamper": [],
-              "foreign_lines": 0, "undumpable": hardened}
+              "unsupported": [], "foreign_lines": 0, "undumpable": hardened}
     for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
         mark, _, body = line.partition("\t")
         try:
@@ -91,8 +91,8 @@ def main():
             continue
         if kind == "test":
             result["tests"][str(msg["id"])] = str(msg["s"])
-        elif kind == "tamper":
-            result["tamper"].append(str(msg["what"]))
+        elif kind in ("tamper", "unsupported"):
+            result[kind].append(str(msg["what"]))
         elif kind in ("start", "end"):
             result["started" if kind == "start" else "ended"] += 1
     try:

@@ -24,11 +24,11 @@ process and writes verdicts), or that makes a test body pass without touching th
 (rewriting the test function). The static scan (`tamper_scan.py`) is the tripwire there.
 """
 
-import builtins
+import builtins  # noqa: F401  (imported now: in sys.modules for the machinery snapshot)
 import json
 import os
 import sys
-import unittest
+import unittest  # noqa: F401  (the same: its case and result classes are in the snapshot)
 
 import _pytest.outcomes
 import _pytest.reports
@@ -178,6 +178,8 @@ def pytest_sessionstart(session):
     global _trace_at_start
     if _trace_at_start is _UNSET:
         _trace_at_start = sys.gettrace()
+    if getattr(session.config.option, "numprocesses", None):  # pytest-xdist: the tests run in workers
+        _send(k="unsupported", what="pytest-xdist runs the tests in worker processes, which get no verdict pipe")
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -15,9 +15,10 @@ on stdin. `compare` turns that into tampering findings:
 - the plugin saw the runner's machinery replaced, or lines without its token on its pipe;
 - the driver started but its result never came (it was killed from inside).
 
-A verdict run that could not start (no driver line at all, or pytest never loaded the
-plugin, which happens before the submission's code can run) is a grading error, not a
-finding. Tasks whose log parser is not pytest's are checked by the static scan only.
+A verdict run that could not be made (no driver line at all; pytest never loaded the
+plugin, which happens before the submission's code can run; a timeout; pytest-xdist
+workers, which get no pipe) is a grading error, never paid and not a finding. Tasks whose
+log parser is not pytest's are checked by the static scan only.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ def compare(graded: dict, result: dict, task: dict) -> tuple[list[dict], dict]:
     if not result.get("started"):
         raise VerdictRunError("the verdict run's pytest never loaded the verdict plugin (does the test command run "
                               "pytest, and keep PYTHONPATH and PYTEST_ADDOPTS?): " + result.get("log_tail", "")[-1000:])
+    if result.get("unsupported"):
+        raise VerdictRunError("the verdict run cannot see this test run: " + "; ".join(result["unsupported"]))
     findings = [{"source": "verdicts", "what": what} for what in result.get("tamper") or []]
     if result.get("foreign_lines"):
         findings.append({"source": "verdicts", "what": f"{result['foreign_lines']} lines on the verdict pipe "
