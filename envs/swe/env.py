@@ -13,6 +13,12 @@ venv, files outside the repository) takes part. `grade_in_place=True` skips the 
 sandbox (faster; protected paths are still put back, but processes and the
 environment of the policy's sandbox are trusted). The grading sandbox is always deleted.
 
+The submission's own source runs inside the test process, so the log alone proves nothing:
+`tamper_check=True` (the default) scans it for test-runner machinery (`tamper_scan.py`) and,
+when the log resolves the task, runs the tests again in another fresh sandbox with per-test
+verdicts sent through a pipe to a parent process (`verdicts.py`); a finding, or verdicts that
+disagree with the log, is `report["tampering"]` and 0.0 (`orchard eval` counts it apart).
+
 A run whose output names none of the task's tests (e.g. a `test_cmd` without `-rA`)
 is checked against the gold patch in another fresh sandbox: if the gold patch's run
 names them, the submission broke the test run (0.0); if not, the task is broken and the
