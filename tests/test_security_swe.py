@@ -5,6 +5,12 @@ Every attack is first shown to be real: the old grader's steps (restore the test
 the test patch, run `test_cmd`, grade with SWE-bench's parser) run inside the policy's
 sandbox after the attack and report the task RESOLVED, although nothing was fixed. Then the
 episode is submitted and graded the way the env does it.
+
+The last part is tampering from the code under test: a submission that changes only the
+package's source, which runs inside the test process and rewrites how outcomes are reported.
+Each such attack earns 1.0 with the defence off (`tamper_check=False`) and 0.0 with
+`report["tampering"]` with it on, and the test says which layer caught it (static scan,
+verdict run, or both).
 """
 
 from __future__ import annotations
