@@ -481,16 +481,18 @@ def test_tampering_from_the_code_under_test_earns_reward_without_the_defence(loc
 
 
 # every attack on local; on docker (task images, /opt/venv) the one the verdict's log check alone
-# catches and the one its machinery check catches
-TAMPER_CASES = [pytest.param(attack, "local", id=f"{attack}-local") for attack in TAMPER_ATTACKS] + [
-    pytest.param(attack, *backend.values, id=f"{attack}-docker", marks=backend.marks)
-    for attack in ("report-patch-obfuscated", "unittest-result") for backend in BACKENDS[1:]]
+# catches and the one its machinery check catches; graded in place (verdict run in place too), one
+TAMPER_CASES = [pytest.param(attack, "local", False, id=f"{attack}-local") for attack in TAMPER_ATTACKS] + [
+    pytest.param(attack, *backend.values, False, id=f"{attack}-docker", marks=backend.marks)
+    for attack in ("report-patch-obfuscated", "unittest-result") for backend in BACKENDS[1:]] + [
+    pytest.param("report-patch-obfuscated", "local", True, id="report-patch-obfuscated-local-in-place")]
 
 
-@pytest.mark.parametrize("attack,backend", TAMPER_CASES)
-def test_tampering_from_the_code_under_test_scores_zero(local_root, backend, attack):
+@pytest.mark.parametrize("attack,backend,in_place", TAMPER_CASES)
+def test_tampering_from_the_code_under_test_scores_zero(local_root, backend, attack, in_place):
     task_id, path, _, scanned, runtime_sees = TAMPER_ATTACKS[attack]
-    out = asyncio.run(episode(config_for(backend, local_root), task_id, tamper_commands(attack), prove=False))
+    out = asyncio.run(episode(config_for(backend, local_root), task_id, tamper_commands(attack), prove=False,
+                              grade_in_place=in_place))
     report = out.report
     assert out.reward == 0.0 and not report["resolved"], report
     assert report["tampering"], report

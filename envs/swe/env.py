@@ -59,13 +59,13 @@ from orchard_gym.ledger import charge_sandbox
 from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
-from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, submitted_patch
-from .image_eval import run_eval_script
+from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, scratch_path, submitted_patch
+from .image_eval import eval_script, run_eval_script
 from .protected import ProtectedPaths, base_names
 from .tamper_scan import exempt, scan
 from .tasks import SWETask, load_tasks
 from .venvs import ensure_venv
-from .verdicts import VerdictRunError, compare
+from .verdicts import VerdictRunError, compare, verdict_exec
 
 IMAGE_VENV = "/opt/venv"
 MAX_REPORTED_PATCH = 1_000_000  # characters of the submitted patch kept in the report
@@ -286,15 +286,19 @@ class SWEEnv(SandboxEnv):
         return run
 
     async def _check_verdicts(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict) -> None:
-        """Run the tests again as the verdict run (in another fresh sandbox; in place when grading in
-        place) and add what disagrees with the log, or what the plugin saw, to report["tampering"]."""
-        if self.grade_in_place:
-            run = await self._test(ctx, task, None, verdicts=True)
+        """Run the tests again as the verdict run (in another fresh sandbox; in place, right after the
+        graded run, when grading in place) and add what disagrees with the log, or what the plugin
+        saw, to report["tampering"]."""
+        if self.grade_in_place:  # the tree as the graded run left it (test patch in): the same test step again
+            script = eval_script(task) if task.in_image else None
+            result = await verdict_exec(ctx, None if script else task.test_cmd, scratch_path(ctx), self.test_timeout,
+                                        script=script)
         else:
             run = await self._run_fresh(task, patch, verdicts=True)
-        if not run.applied or not run.test_patch_applied or run.verdicts is None:
-            raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
-        findings, summary = compare(report, run.verdicts, task.model_dump(mode="json"))
+            if not run.applied or not run.test_patch_applied or run.verdicts is None:
+                raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
+            result = run.verdicts
+        findings, summary = compare(report, result, task.model_dump(mode="json"))
         report["verdicts"] = summary
         report["tampering"] = [*report.get("tampering", []), *findings]
 
