@@ -281,9 +281,10 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
     ok = [t for t in results if t.ok]
     resolved = sum(1 for t in ok if t.reward > 0)
     broken = sum(1 for t in results if t.error_kind == "grading")  # the task, not the agent, failed
+    tampered = sum(1 for t in ok if (t.report or {}).get("tampering"))  # reward 0.0: reached for the test runner
     click.echo(f"\n{env_id} · policy {policy} · backend {backend} · {len(results)} episodes in {wall:.1f}s")
     click.echo(f"resolved {resolved}/{len(results)} ({resolved / len(results):.1%}); "
-               f"infrastructure errors {len(results) - len(ok) - broken}; broken tasks {broken}")
+               f"infrastructure errors {len(results) - len(ok) - broken}; broken tasks {broken}; tampering {tampered}")
     if results:
         steps = sum(t.steps for t in results) / len(results)
         secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
@@ -293,7 +294,8 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
         click.echo(format_summary(summarize(results, price)))
     for t in results:
-        mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
+        mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else \
+            "resolved" if t.reward > 0 else "TAMPERING" if (t.report or {}).get("tampering") else "unresolved"
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
 

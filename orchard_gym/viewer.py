@@ -246,6 +246,8 @@ def _messages_text(messages: Any) -> str:
 def _outcome(ep: dict) -> tuple[str, str]:
     if ep.get("error"):
         return ("broken task", "bad") if ep.get("error_kind") == "grading" else ("error", "bad")
+    if (ep.get("report") or {}).get("tampering"):  # SWE: reached for the test runner (0.0), as `orchard eval` counts
+        return ("tampering", "bad")
     passed = (ep.get("report") or {}).get("passed", float(ep.get("reward") or 0) > 0)  # as `orchard eval` counts
     return ("resolved", "ok") if passed else ("unresolved", "meh")
 
@@ -314,6 +316,7 @@ def summary_html(name: str, episodes: list[dict]) -> str:
     stats = [("episodes", n), ("env", ", ".join(envs)), ("resolved", f"{resolved}/{n} ({resolved / n:.1%})"),
              ("mean reward", f"{mean_reward:.3f}"), ("mean turns", f"{mean_steps:.1f}"),
              ("errors", outcomes.count("error")), ("broken tasks", outcomes.count("broken task")),
+             ("tampering", outcomes.count("tampering")),
              ("wall time", f"{wall:.1f}s")]
     cards = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div></div>'
                     for k, v in stats)

@@ -2,15 +2,18 @@
 """Env overhead: SWE-v0 step against a raw SDK exec, reset latency, and grading cost, per backend.
 
     python scripts/bench_env.py [-n 200] [--resets 20] [--gradings 3] [--backend local|docker] [--pool N]
+    python scripts/bench_env.py --grading-only --gradings 5 [--task marshmallow-3.21.1] [--backend docker]
 
 A step parses the action, runs the bash tool and (by default) fingerprints the working
 tree with `git status`/`git diff`; the baseline is the same command through the SDK
 (`sandbox.exec`) in the same sandbox, measured in the same run.
 
 Grading: episodes that apply the gold patch and submit, grading alternately in a fresh
-sandbox (the default: a new sandbox, the repository, the diff, the tests) and in place
-(`grade_in_place=True`: the tests in the policy's sandbox), so both see the same load;
-the time of the submit step is the grading cost, set against the whole episode.
+sandbox (the default: a new sandbox, the repository, the diff, the tests), in place
+(`grade_in_place=True`: the tests in the policy's sandbox) and in a fresh sandbox with the
+tamper defence off (`tamper_check=False`: no static scan, no verdict run), so all see the same
+load; the time of the submit step is the grading cost, set against the whole episode.
+`--grading-only --task ID` measures only those, on any built-in task.
 
 --pool N: `env.reset` (and a bare `create_sandbox`) cold and from a warm pool of N
 (docs/pools.md), alternating cold and warm runs of --resets each, in the same run. The pool
@@ -50,23 +53,30 @@ async def timed(coro_fn, n: int) -> list[float]:
     return out
 
 
-async def grading_costs(client, n: int) -> list[tuple[str, list[float], list[float]]]:
-    """(label, submit-step seconds, episode seconds) for fresh-sandbox and in-place grading."""
-    samples = {False: ([], []), True: ([], [])}
-    for i in range(2 * n):
-        in_place = bool(i % 2)
-        env = SWEEnv(client=client, grade_in_place=in_place)
+GRADINGS = [  # label, SWEEnv kwargs: alternated within one run, so every variant sees the same load
+    ("grading in place", {"grade_in_place": True}),
+    ("grading in a fresh sandbox", {}),
+    ("fresh sandbox, tamper defence off", {"tamper_check": False}),
+]
+
+
+async def grading_costs(client, n: int, task_id: str = TASK) -> list[tuple[str, list[float], list[float]]]:
+    """(label, submit-step seconds, episode seconds) per variant of GRADINGS."""
+    samples = {label: ([], []) for label, _ in GRADINGS}
+    for i in range(len(GRADINGS) * n):
+        label, kwargs = GRADINGS[i % len(GRADINGS)]
+        env = SWEEnv(client=client, **kwargs)
         started = time.perf_counter()
-        await env.areset(options={"task_id": TASK})
+        await env.areset(options={"task_id": task_id})
         await env.astep({"name": "bash", "arguments": {"command": f"git apply <<'EOF'\n{env.task.patch}\nEOF"}})
         t = time.perf_counter()
-        _, reward, *_ = await env.astep({"name": "submit"})
-        samples[in_place][0].append(time.perf_counter() - t)
-        samples[in_place][1].append(time.perf_counter() - started)
+        _, reward, _, _, info = await env.astep({"name": "submit"})
+        samples[label][0].append(time.perf_counter() - t)
+        samples[label][1].append(time.perf_counter() - started)
         await env.aclose()
-        if reward != 1.0:
-            raise SystemExit(f"the gold patch graded {reward} ({'in place' if in_place else 'fresh sandbox'})")
-    return [("grading in place", *samples[True]), ("grading in a fresh sandbox", *samples[False])]
+        if reward != 1.0 or info["report"].get("tampering"):
+            raise SystemExit(f"the gold patch graded {reward} ({label}): {info['report'].get('tampering')}")
+    return [(label, *samples[label]) for label, _ in GRADINGS]
 
 
 def make_env(name: str, client):
@@ -144,6 +154,10 @@ async def main(args) -> None:
         if args.pool_only:
             return
     rows = []
+    if args.grading_only:
+        async with AsyncSandboxClient(config) as client:
+            print_gradings(await grading_costs(client, args.gradings, args.task), args.task)
+        return
     async with AsyncSandboxClient(config) as client:
         for fingerprint in (False, True):
             env = SWEEnv(client=client, max_steps=10**6, track_fingerprint=fingerprint)
@@ -167,7 +181,7 @@ async def main(args) -> None:
             box = await client.create_sandbox(image=None if args.backend == "local" else env.get_task(TASK).image)
             bare.append(time.perf_counter() - t)
             await box.delete()
-        gradings = await grading_costs(client, args.gradings) if args.gradings else []
+        gradings = await grading_costs(client, args.gradings, args.task) if args.gradings else []
     print(f"backend {args.backend}")
     print(f"{'variant':42} {'p50 ms':>9} {'p95 ms':>9} {'ratio':>7}")
     for i in range(0, len(rows), 2):
@@ -179,15 +193,23 @@ async def main(args) -> None:
         p50, p95 = stats(samples)
         print(f"{label:42} {p50 * 1e3:9.2f} {p95 * 1e3:9.2f}")
     if gradings:
-        print(f"\n{'grading (gold patch, ' + TASK + ')':42} {'median s':>9} {'max s':>9} {'ratio':>7} "
-              f"{'episode s':>10}")
-        base = statistics.median(gradings[0][1])
-        for label, grade_s, episode_s in gradings:
-            print(f"{label:42} {statistics.median(grade_s):9.2f} {max(grade_s):9.2f} "
-                  f"{statistics.median(grade_s) / base:6.2f}x {statistics.median(episode_s):10.2f}")
-        extra = statistics.median(gradings[1][1]) - base
-        print(f"fresh-sandbox grading costs {extra:+.2f}s per episode over in-place (n={len(gradings[0][1])} each, "
-              f"alternated)")
+        print_gradings(gradings, args.task)
+
+
+def print_gradings(gradings, task_id: str) -> None:
+    print(f"\n{'grading (gold patch, ' + task_id + ')':42} {'median s':>9} {'max s':>9} {'ratio':>7} "
+          f"{'episode s':>10}")
+    base = statistics.median(gradings[0][1])
+    for label, grade_s, episode_s in gradings:
+        print(f"{label:42} {statistics.median(grade_s):9.2f} {max(grade_s):9.2f} "
+              f"{statistics.median(grade_s) / base:6.2f}x {statistics.median(episode_s):10.2f}")
+    median = {label: statistics.median(grade_s) for label, grade_s, _ in gradings}
+    n = len(gradings[0][1])
+    print(f"fresh-sandbox grading costs {median['grading in a fresh sandbox'] - base:+.2f}s per episode over "
+          f"in-place (n={n} each, alternated)")
+    print(f"the tamper defence (static scan + verdict run) costs "
+          f"{median['grading in a fresh sandbox'] - median['fresh sandbox, tamper defence off']:+.2f}s per resolved "
+          f"grading (n={n} each, alternated)")
 
 
 if __name__ == "__main__":
@@ -199,4 +221,6 @@ if __name__ == "__main__":
     p.add_argument("--pool", type=int, default=0, help="also time resets from a warm pool of this size (0: no)")
     p.add_argument("--rounds", type=int, default=2, help="cold/warm rounds of --resets each (with --pool)")
     p.add_argument("--pool-only", action="store_true", help="with --pool: only the cold/warm comparison")
+    p.add_argument("--grading-only", action="store_true", help="only the grading variants (--gradings each)")
+    p.add_argument("--task", default=TASK, help="the built-in task whose gold patch the gradings submit")
     asyncio.run(main(p.parse_args()))

@@ -366,6 +366,8 @@ def test_swebench_layout_image_gold_resolves_and_empty_does_not(tmp_path):
     # ...and grading drops it
     assert gold == 1.0 and gold_report["resolved"], gold_report
     assert gold_report["graded_in"] == "fresh_sandbox"
+    # the tamper defence ran its verdict run through the same eval script, and agreed
+    assert gold_report["tampering"] == [] and gold_report["verdicts"]["status"] == "RESOLVED_FULL", gold_report
     assert gold_report["tests_status"]["FAIL_TO_PASS"]["success"] == json.loads(record["FAIL_TO_PASS"])
     # the output came from swebench's script: its markers and recorded exit status
     assert ">>>>> Test Exit Code: 0" in gold_report["test_output_tail"]

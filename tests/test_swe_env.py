@@ -115,6 +115,8 @@ def test_gold_resolves_and_nothing_else_does(local_root, task_id, backend):
     (gold, gold_report), (none, _), *tests_only = asyncio.run(all_episodes())
     assert gold == 1.0 and gold_report["resolved"], gold_report
     assert sorted(gold_report["tests_status"]["FAIL_TO_PASS"]["success"]) == sorted(task.FAIL_TO_PASS)
+    # no false positive of the tamper defence: nothing in the scan, and the verdict run agreed
+    assert gold_report["tampering"] == [] and gold_report["verdicts"]["status"] == "RESOLVED_FULL", gold_report
     assert none == 0.0
     assert len(tests_only) == (backend == "local")
     for reward, report in tests_only:

@@ -13,6 +13,12 @@ venv, files outside the repository) takes part. `grade_in_place=True` skips the 
 sandbox (faster; protected paths are still put back, but processes and the
 environment of the policy's sandbox are trusted). The grading sandbox is always deleted.
 
+The submission's own source runs inside the test process, so the log alone proves nothing:
+`tamper_check=True` (the default) scans it for test-runner machinery (`tamper_scan.py`) and,
+when the log resolves the task, runs the tests again in another fresh sandbox with per-test
+verdicts sent through a pipe to a parent process (`verdicts.py`); a finding, or verdicts that
+disagree with the log, is `report["tampering"]` and 0.0 (`orchard eval` counts it apart).
+
 A run whose output names none of the task's tests (e.g. a `test_cmd` without `-rA`)
 is checked against the gold patch in another fresh sandbox: if the gold patch's run
 names them, the submission broke the test run (0.0); if not, the task is broken and the
@@ -53,11 +59,13 @@ from orchard_gym.ledger import charge_sandbox
 from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
-from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, submitted_patch
-from .image_eval import run_eval_script
+from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, scratch_path, submitted_patch
+from .image_eval import eval_script, run_eval_script
 from .protected import ProtectedPaths, base_names
+from .tamper_scan import exempt, scan
 from .tasks import SWETask, load_tasks
 from .venvs import ensure_venv
+from .verdicts import VerdictRunError, compare, verdict_exec
 
 IMAGE_VENV = "/opt/venv"
 MAX_REPORTED_PATCH = 1_000_000  # characters of the submitted patch kept in the report
@@ -85,15 +93,19 @@ class SWEEnv(SandboxEnv):
     patch when a grading names no test results, to tell a broken task from a failed
     agent; on by default), `split` (of a dataset folder or hub dataset), `image_prefix`
     (registry/namespace replacing that of every task image), `dataset` (force a record
-    schema: see `datasets.KINDS`)."""
+    schema: see `datasets.KINDS`), `tamper_check` (flag a submission that reaches for the test
+    runner's machinery, statically and through a verdict run: see `tamper_scan.py` and
+    `verdicts.py`; on by default, never switch it off for RL)."""
 
     env_id = "Orchard/SWE-v0"
 
     def __init__(self, *, tasks: str | Path | dict[str, SWETask] = "builtin",
                  runtime: Literal["auto", "host", "image"] = "auto", test_timeout: float = 900.0,
                  grade_in_place: bool = False, reference_check: bool = True, split: str | None = None,
-                 image_prefix: str | None = None, dataset: str | None = None, **kwargs: Any):
-        for name, value in (("grade_in_place", grade_in_place), ("reference_check", reference_check)):
+                 image_prefix: str | None = None, dataset: str | None = None, tamper_check: bool = True,
+                 **kwargs: Any):
+        for name, value in (("grade_in_place", grade_in_place), ("reference_check", reference_check),
+                            ("tamper_check", tamper_check)):
             if not isinstance(value, bool):
                 raise gym.error.Error(f"{name} must be True or False, not {value!r}")
         for name, value in (("split", split), ("image_prefix", image_prefix), ("dataset", dataset)):
@@ -104,6 +116,7 @@ class SWEEnv(SandboxEnv):
         self.runtime = runtime
         self.test_timeout = test_timeout
         self.grade_in_place, self.reference_check = grade_in_place, reference_check
+        self.tamper_check = tamper_check
         super().__init__(**kwargs)
 
     # ------------------------------------------------------------------ hooks
@@ -194,7 +207,7 @@ class SWEEnv(SandboxEnv):
         return (await submitted_patch(ctx)).decode("utf-8", "replace")
 
     async def grade(self, ctx: ToolContext, task: SWETask) -> tuple[float, dict]:
-        from .grading import grade
+        from .grading import grade, pytest_parser
 
         patch = await submitted_patch(ctx)
         report: dict[str, Any] = {"patch": patch.decode("utf-8", "replace")[:MAX_REPORTED_PATCH],
@@ -205,14 +218,16 @@ class SWEEnv(SandboxEnv):
             return 0.0, report
         try:
             if self.grade_in_place:
-                run = await self._test(ctx, task, None)
+                run = await self._test(ctx, task, None, scan_patch=patch)
             else:
-                run = await self._run_fresh(task, patch)
+                run = await self._run_fresh(task, patch, scan_patch=patch)
         except INFRA_ERRORS:
             raise  # the env marks the trajectory failed (infrastructure)
         except (OrchardError, RuntimeError, ValueError, ImportError) as e:  # ValueError: no test command
             return 0.0, self._broken(report, f"the grading sandbox failed: {type(e).__name__}: {e}", TestRun())
         report["dropped"] = run.dropped
+        if self.tamper_check:
+            report["tampering"] = run.tampering
         if not run.applied:
             report.update(resolved=False, reward=0.0, patch_error="the submitted patch did not apply",
                           apply_output=run.apply_output)
@@ -221,6 +236,15 @@ class SWEEnv(SandboxEnv):
             report.update(await run_in_thread(grade, run.output, task.model_dump(mode="json"), run.exit_code))
         report.update(test_exit_code=run.exit_code, test_timed_out=run.timed_out, test_output_tail=run.tail)
         if run.test_patch_applied and report["named"]:
+            if report["resolved"] and self.tamper_check and pytest_parser(task.log_parser):
+                try:
+                    await self._check_verdicts(ctx, task, patch, report)
+                except INFRA_ERRORS:
+                    raise
+                except (OrchardError, RuntimeError, ValueError) as e:  # VerdictRunError included
+                    return 0.0, self._broken(report, f"the verdict run failed: {type(e).__name__}: {e}", run)
+            if report.get("tampering"):
+                report.update(resolved=False, reward=0.0)  # counted apart by `orchard eval`
             return float(report["reward"]), report
         # the run tells nothing about this task's tests: the submission's fault, or the task's?
         why = ("the test patch did not apply: " + run.test_patch_output if not run.test_patch_applied else
@@ -247,11 +271,36 @@ class SWEEnv(SandboxEnv):
         folders = {str(p) for n in names for p in PurePosixPath(n).parents if str(p) != "."}
         return ProtectedPaths(task.test_files, ctx.env, frozenset(names | folders))
 
-    async def _test(self, ctx: ToolContext, task: SWETask, patch: bytes | None) -> TestRun:
+    async def _test(self, ctx: ToolContext, task: SWETask, patch: bytes | None, *, verdicts: bool = False,
+                    scan_patch: bytes | None = None) -> TestRun:
+        """Apply `patch` (None: already in the tree), test; `verdicts`: as the verdict run;
+        `scan_patch`: the submission to scan for runner machinery (base versions read here)."""
         rules = await self._rules(task, ctx)
         if task.in_image:
-            return await run_eval_script(ctx, task, rules, patch, self.test_timeout)
-        return await run_tests(ctx, task, rules, patch, self.test_timeout)
+            run = await run_eval_script(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts)
+        else:
+            run = await run_tests(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts)
+        if scan_patch is not None and self.tamper_check:
+            found = scan(scan_patch.decode("utf-8", "replace"), rules)
+            run.tampering = [{"source": "scan", **f} for f in await exempt(found, lambda p: _base_text(ctx, p))]
+        return run
+
+    async def _check_verdicts(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict) -> None:
+        """Run the tests again as the verdict run (in another fresh sandbox; in place, right after the
+        graded run, when grading in place) and add what disagrees with the log, or what the plugin
+        saw, to report["tampering"]."""
+        if self.grade_in_place:  # the tree as the graded run left it (test patch in): the same test step again
+            script = eval_script(task) if task.in_image else None
+            result = await verdict_exec(ctx, None if script else task.test_cmd, scratch_path(ctx), self.test_timeout,
+                                        script=script)
+        else:
+            run = await self._run_fresh(task, patch, verdicts=True)
+            if not run.applied or not run.test_patch_applied or run.verdicts is None:
+                raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
+            result = run.verdicts
+        findings, summary = compare(report, result, task.model_dump(mode="json"))
+        report["verdicts"] = summary
+        report["tampering"] = [*report.get("tampering", []), *findings]
 
     @contextlib.asynccontextmanager
     async def _fresh_sandbox(self, task: SWETask):
@@ -265,9 +314,9 @@ class SWEEnv(SandboxEnv):
                 await asyncio.shield(box.delete())
             charge_sandbox(self.trajectory, box)  # the grader's sandbox is the episode's cost too
 
-    async def _run_fresh(self, task: SWETask, patch: bytes) -> TestRun:
+    async def _run_fresh(self, task: SWETask, patch: bytes, **kwargs: Any) -> TestRun:
         async with self._fresh_sandbox(task) as gctx:
-            return await self._test(gctx, task, patch)
+            return await self._test(gctx, task, patch, **kwargs)
 
     async def _reference(self, task: SWETask) -> dict:
         """Run the gold patch in a fresh sandbox: do its test results name the task's tests?"""
@@ -305,6 +354,12 @@ class SWEEnv(SandboxEnv):
             self.trajectory.error_kind = report["error_kind"]
             info["error"] = self.trajectory.error
         return obs, reward, terminated, truncated, info
+
+
+async def _base_text(ctx: ToolContext, path: str) -> str | None:
+    """`path` as the base commit holds it (None: not there), read in the grading sandbox."""
+    r = await ctx.sandbox.exec(f"{GIT} show {shlex.quote('HEAD:' + path)}", cwd=ctx.cwd, timeout=60)
+    return r.stdout if r.exit_code == 0 else None
 
 
 _REFERENCE_NAMED: dict[str, int] = {}  # task (+ runtime) -> how many of its tests the gold patch's run names

@@ -14,11 +14,13 @@ The output is graded by `grading.grade` (SWE-bench's own code); see `env.SWEEnv.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import uuid
 from dataclasses import dataclass, field
 
 from .protected import ProtectedPaths
+from .verdicts import verdict_exec
 
 GIT = "git -c user.name=orchard -c user.email=orchard@localhost -c core.quotepath=off"
 MAX_PATCH_BYTES = 32 * 1024 * 1024  # a submission past this is refused (0.0), not applied
@@ -37,13 +39,15 @@ class TestRun:
     output: str = ""
     exit_code: int | None = None
     timed_out: bool = False
+    verdicts: dict | None = None  # the verdict run's result (verdicts.py), when this was one
+    tampering: list[dict] = field(default_factory=list)  # static findings in the submission (tamper_scan.py)
 
     @property
     def tail(self) -> str:
         return self.output[-OUTPUT_TAIL:]
 
 
-def _scratch(ctx) -> str:
+def scratch_path(ctx) -> str:
     """A path outside the repository, unique per use (so nothing can be planted there first)."""
     base = ctx.cwd.rsplit("/", 1)[0] or "/tmp"
     root = (getattr(ctx.sandbox, "workdir", None) or "/").rstrip("/") + "/"
@@ -54,7 +58,7 @@ def _scratch(ctx) -> str:
 
 async def submitted_patch(ctx) -> bytes:
     """The policy's changes as a binary git diff against the base commit (new files included)."""
-    out = _scratch(ctx) + ".diff"
+    out = scratch_path(ctx) + ".diff"
     q = shlex.quote(out)
     r = await ctx.sandbox.exec(
         f"{GIT} add -A && {GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color HEAD > {q}",
@@ -67,14 +71,21 @@ async def submitted_patch(ctx) -> bytes:
         await ctx.sandbox.exec(f"rm -f {q}", timeout=30)
 
 
-async def _upload_and_run(ctx, data: bytes, script: str, timeout: float = 120):
-    """Upload `data` to a scratch file, run `script` with {file} replaced by its path, remove it."""
-    path = _scratch(ctx)
+@contextlib.asynccontextmanager
+async def uploaded(ctx, data: bytes):
+    """`data` in a scratch file for the duration (its path), removed afterwards."""
+    path = scratch_path(ctx)
     await ctx.sandbox.upload_content(data, path)
     try:
-        return await ctx.sandbox.exec(script.format(file=shlex.quote(path)), cwd=ctx.cwd, timeout=timeout)
+        yield path
     finally:
         await ctx.sandbox.exec(f"rm -f {shlex.quote(path)}", timeout=30)
+
+
+async def upload_and_run(ctx, data: bytes, script: str, timeout: float = 120):
+    """Upload `data` to a scratch file, run `script` with {file} replaced by its path, remove it."""
+    async with uploaded(ctx, data) as path:
+        return await ctx.sandbox.exec(script.format(file=shlex.quote(path)), cwd=ctx.cwd, timeout=timeout)
 
 
 async def changed_paths(ctx) -> list[tuple[str, str]]:
@@ -98,11 +109,11 @@ async def restore_protected(ctx, rules: ProtectedPaths) -> list[dict]:
     # .gitattributes first: it would steer how the other files are checked out
     old.sort(key=lambda p: not p.endswith(".gitattributes"))
     if new:
-        r = await _upload_and_run(ctx, "\0".join(new).encode(), "xargs -0 rm -rf -- < {file}")
+        r = await upload_and_run(ctx, "\0".join(new).encode(), "xargs -0 rm -rf -- < {file}")
         if r.exit_code != 0:
             raise RuntimeError(f"removing dropped files failed: {(r.stdout + r.stderr)[-1000:]}")
     if old:
-        r = await _upload_and_run(
+        r = await upload_and_run(
             ctx, "\0".join(old).encode(),
             f"{GIT} --literal-pathspecs checkout HEAD --pathspec-from-file={{file}} --pathspec-file-nul")
         if r.exit_code != 0:
@@ -116,7 +127,7 @@ async def apply_submission(ctx, rules: ProtectedPaths, patch: bytes | None) -> T
     A patch that does not apply comes back with `applied` False and its output."""
     run = TestRun()
     if patch:
-        r = await _upload_and_run(ctx, patch, f"{GIT} apply --binary --whitespace=nowarn {{file}}")
+        r = await upload_and_run(ctx, patch, f"{GIT} apply --binary --whitespace=nowarn {{file}}")
         if r.exit_code != 0:
             run.applied, run.apply_output = False, (r.stdout + r.stderr)[-OUTPUT_TAIL:]
             return run
@@ -124,8 +135,10 @@ async def apply_submission(ctx, rules: ProtectedPaths, patch: bytes | None) -> T
     return run
 
 
-async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float) -> TestRun:
-    """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test."""
+async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float,
+                    verdicts: bool = False) -> TestRun:
+    """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test
+    (verdicts: under the verdict driver, whose result lands in `run.verdicts`)."""
     run = await apply_submission(ctx, rules, patch)
     if not run.applied:
         return run
@@ -133,6 +146,9 @@ async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeo
     run.test_patch_applied = applied.success
     if not applied.success:
         run.test_patch_output = (applied.stdout + applied.stderr)[-OUTPUT_TAIL:]
+        return run
+    if verdicts:
+        run.verdicts = await verdict_exec(ctx, task.test_cmd, scratch_path(ctx), timeout)
         return run
     r = await ctx.sandbox.exec(task.test_cmd, cwd=ctx.cwd, env=ctx.env, timeout=timeout)
     run.output, run.exit_code, run.timed_out = r.stdout + r.stderr, r.exit_code, r.timed_out

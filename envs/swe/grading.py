@@ -101,6 +101,13 @@ def parse_test_output(test_output: str, task: dict | None = None) -> dict[str, s
     return PARSER_REGISTRY[spec.log_parser](ansi_escape(test_output), spec)
 
 
+def pytest_parser(log_parser: str) -> bool:
+    """Is `log_parser` (a PARSER_REGISTRY name) one of SWE-bench's pytest parsers (repository aliases included)?"""
+    pytest_family = {PARSER_REGISTRY.get(n) for n in ("parse_log_pytest", "parse_log_pytest_options",
+                                                       "parse_log_pytest_v2")}
+    return PARSER_REGISTRY.get(log_parser) in pytest_family - {None}
+
+
 def _logs_eval(test_output: str, spec: TestSpec, exit_code: int | None) -> tuple[dict[str, str], bool]:
     """Run SWE-bench's get_logs_eval on our output.
 

@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import shlex
 
-from .evaluation import TestRun, _upload_and_run, apply_submission
+from .evaluation import TestRun, apply_submission, scratch_path, uploaded
 from .protected import ProtectedPaths
+from .verdicts import START_MARKER, verdict_exec
 
 HEREDOC = "EOF_114329324912"  # the delimiter SWE-bench's scripts use
 ACTIVATE = ["source /opt/miniconda3/bin/activate", "conda activate testbed"]
-START = ": '>>>>> Start Test Output'"
+START = START_MARKER
 END = ": '>>>>> End Test Output'"
 
 
@@ -65,13 +66,19 @@ def eval_script(task) -> str:
     return _make_test_spec()(instance).eval_script
 
 
-async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float) -> TestRun:
-    """Apply `patch` (None: the tree already holds it), put protected paths back, run the eval script."""
+async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float,
+                          verdicts: bool = False) -> TestRun:
+    """Apply `patch` (None: the tree already holds it), put protected paths back, run the eval script
+    (verdicts: under the verdict driver, whose result lands in `run.verdicts`)."""
     run = await apply_submission(ctx, rules, patch)
     if not run.applied:
         return run
     # the script applies the test patch itself; whether it did shows in the log (no marker, no tests)
     run.test_patch_applied = True
-    r = await _upload_and_run(ctx, eval_script(task).encode(), "/bin/bash {file} 2>&1", timeout=timeout)
+    if verdicts:
+        run.verdicts = await verdict_exec(ctx, None, scratch_path(ctx), timeout, script=eval_script(task))
+        return run
+    async with uploaded(ctx, eval_script(task).encode()) as script:
+        r = await ctx.sandbox.exec(f"/bin/bash {shlex.quote(script)} 2>&1", cwd=ctx.cwd, timeout=timeout)
     run.output, run.exit_code, run.timed_out = r.stdout + r.stderr, None, r.timed_out
     return run
