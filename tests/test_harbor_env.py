@@ -1,5 +1,5 @@
-"""Harbor / Terminal-Bench task folders through Orchard/Claw-v0 (envs/claw/harbor.py), end to end
-with the tasks' own verifiers: local (bwrap, a host venv) and docker (an image built from the
+"""Harbor task folders through Orchard/Harbor-v0 (envs/harbor/), end to end with the tasks' own
+verifiers: local (bwrap, the Dockerfile's steps as set-up) and docker (an image built from the
 task's Dockerfile)."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import gymnasium as gym
 import pytest
 
 import orchard_gym  # noqa: F401
-from orchard_gym.envs.claw.harbor import HarborEnv, HarborOraclePolicy, load_harbor, pip_only
+from orchard_gym.envs.harbor.dockerfile import pip_packages
+from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy, load_harbor
 
 from conftest import docker_engine, needs, needs_bwrap
 
@@ -22,7 +23,7 @@ _GATEWAY, _WHY_NOT = docker_engine()
 
 def backends():
     return [
-        pytest.param("local", "six-version", id="local-bwrap",
+        pytest.param("local", "sum-numbers", id="local-bwrap",
                      marks=needs_bwrap),
         pytest.param("docker", "sum-numbers", id="docker",
                      marks=[pytest.mark.docker, needs("docker", None if _GATEWAY else _WHY_NOT)]),
@@ -34,7 +35,7 @@ def _config(kind: str, root: Path) -> dict:
 
 
 def make(kind: str, root: Path, tasks: Path | str = DATA) -> HarborEnv:
-    env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{tasks}", backend=_config(kind, root)).unwrapped
+    env = gym.make("Orchard/Harbor-v0", tasks=str(tasks), backend=_config(kind, root)).unwrapped
     assert isinstance(env, HarborEnv)
     return env
 
@@ -102,16 +103,16 @@ def test_a_garbage_or_missing_reward_errors_the_trajectory(kind, task_id, verifi
         env.close()
 
 
-def test_local_refuses_a_dockerfile_it_cannot_reproduce(local_root):
-    assert pip_only((DATA / "sum-numbers" / "environment" / "Dockerfile").read_text()) is None
-    env = make("local", local_root)
-    try:
-        with pytest.raises(gym.error.Error, match=r"backend=\{'type': 'docker'\}"):
-            env.reset(options={"task_id": "sum-numbers"})
-    finally:
-        env.close()
+def test_local_needs_bwrap_and_claw_v0_still_makes_harbor_envs(local_root):
+    with pytest.warns(DeprecationWarning):
+        import importlib
+
+        import orchard_gym.envs.claw.harbor as old
+        importlib.reload(old)  # the old import path still works, with a warning
+    assert old.HarborEnv is HarborEnv
     plain = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}",
                      backend={"type": "local", "isolation": "none", "root": str(local_root)}).unwrapped
+    assert isinstance(plain, HarborEnv)
     try:
         with pytest.raises(gym.error.Error, match="isolation='bwrap'"):
             plain.reset(options={"task_id": "six-version"})
@@ -128,13 +129,11 @@ def test_other_backends_are_refused_clearly():
         env.close()
 
 
-def test_pip_only_dockerfiles():
-    assert pip_only("FROM python:3.12\nRUN pip install six 'attrs==23.1'\n") == ["six", "attrs==23.1"]
-    assert pip_only("# c\nFROM x\nRUN python3 -m pip install --no-cache-dir \\\n  six\n") == ["six"]
-    assert pip_only("FROM x\n") == []
-    for dockerfile in ("FROM x\nRUN apt-get install -y jq\n", "FROM x\nCOPY a /a\n", "RUN pip install six\n",
-                       "FROM x\nRUN pip install -r req.txt\n", "", "FROM x\nRUN pip install six && rm -rf /\n"):
-        assert pip_only(dockerfile) is None, dockerfile
+def test_pip_only_run_lines():
+    assert pip_packages("pip install six 'attrs==23.1'") == ["six", "attrs==23.1"]
+    assert pip_packages("python3 -m pip install --no-cache-dir six") == ["six"]
+    for command in ("apt-get install -y jq", "pip install -r req.txt", "pip install six && rm -rf /"):
+        assert pip_packages(command) is None, command
 
 
 def test_bad_task_folders_get_clear_errors(tmp_path):
@@ -142,6 +141,7 @@ def test_bad_task_folders_get_clear_errors(tmp_path):
         load_harbor(f"harbor:{tmp_path}/nowhere")
     with pytest.raises(ValueError, match="no Harbor task folders"):
         load_harbor(f"harbor:{tmp_path}")
+    assert load_harbor(f"harbor:{DATA}/sum-numbers")["sum-numbers"].agent_timeout == 300.0
     task = tmp_path / "t"
     shutil.copytree(DATA / "sum-numbers", task)
     (task / "tests" / "test.sh").unlink()
@@ -156,8 +156,7 @@ def test_bad_task_folders_get_clear_errors(tmp_path):
         load_harbor(f"harbor:{task}")
     (task / "task.toml").write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="not valid TOML"):
-        gym.make("Orchard/Claw-v0", tasks=f"harbor:{task}")
-    assert set(load_harbor(f"harbor:{DATA}")) == {"six-version", "sum-numbers"}
+        gym.make("Orchard/Harbor-v0", tasks=str(task))
 
 
 @pytest.mark.docker
@@ -166,7 +165,7 @@ def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
     import docker
 
     from orchard_gym.backends.docker import default_base_url
-    from orchard_gym.envs.claw.harbor import ensure_image
+    from orchard_gym.envs.harbor.env import ensure_image
 
     shutil.copytree(DATA / "sum-numbers", tmp_path / "sum-numbers")
     task = load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"]
@@ -198,7 +197,7 @@ def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
     from orchard_gym.cli import main
 
     out = tmp_path / "eval.jsonl"
-    args = ["eval", "--env", "Orchard/Claw-v0", "--tasks", f"harbor:{DATA}", "--task-id", "six-version",
+    args = ["eval", "--env", "Orchard/Harbor-v0", "--tasks", str(DATA), "--task-id", "sum-numbers",
             "--policy", "oracle", "-k", "2", "--out", str(out)]
     result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
     assert result.exit_code == 0, result.output
@@ -211,7 +210,7 @@ def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
 def test_check_env_passes(local_root):
     from gymnasium.utils.env_checker import check_env
 
-    env = make("local", local_root, DATA / "six-version")
+    env = make("local", local_root, DATA / "sum-numbers")
     try:
         check_env(env, skip_render_check=True)
     finally:
