@@ -11,7 +11,8 @@ the rest becomes set-up run in the sandbox, in order:
   built once on the host, first on PATH, since sandboxes have no index to install from);
 - `USER`: `root` is honoured (the sandbox's user); any other user is a warning.
 
-Paths: the image's final working directory is the sandbox's working directory; a path
+Paths: the image's final working directory (/app without a WORKDIR, Harbor's convention) is
+the sandbox's working directory; a path
 below it maps there. Anything that must write elsewhere on the image's root (COPY to /etc,
 WORKDIR /opt/x outside it) is refused with the step's line number.
 """
@@ -171,7 +172,8 @@ def parse(text: str, workdir_override: str | None = None) -> Plan:
             plan.warnings.append(f"Dockerfile line {number}: {op} ignored (Harbor runs commands through exec)")
         else:
             raise DockerfileError(f"line {number}: unknown instruction {op}")
-    plan.workdir = workdir_override or cwd
+    # no WORKDIR: Harbor's tasks still work in /app (their convention), which the sandbox's folder stands for
+    plan.workdir = workdir_override or (cwd if cwd != "/" else "/app")
     plan.env = env
     return plan
 

@@ -228,18 +228,18 @@ class HarborEnv(SandboxEnv):
         return task.plan.workdir if task.plan is not None else (task.settings.workdir or "/app")
 
     def paths(self, workdir: str) -> dict[str, str]:
-        """Where /tests, /solution, /logs and the image's WORKDIR are in this sandbox."""
+        """Where /tests, /solution, /logs and the image's WORKDIR ("app") are in this sandbox."""
         if self._is_local():
-            paths = {f"/{name}": f"{workdir}/.harbor/{name}" for name in HARBOR_DIRS}
-            return {**paths, self.image_workdir(self.task): workdir}
-        return {f"/{name}": f"/{name}" for name in HARBOR_DIRS}
+            return {**{name: f"{workdir}/.harbor/{name}" for name in HARBOR_DIRS}, "app": workdir}
+        return {**{name: f"/{name}" for name in HARBOR_DIRS}, "app": workdir}
 
     def rewrite(self, text: str, workdir: str, verifier: dict[str, str] | None = None) -> str:
         """A Harbor script with its absolute paths moved to this sandbox's (a no-op in containers);
         `verifier`: where /tests and /logs are for the verifier's run."""
         if not self._is_local():
             return text
-        paths = {**self.paths(workdir), **(verifier or {})}
+        named = {**self.paths(workdir), **(verifier or {})}
+        paths = {(self.image_workdir(self.task) if k == "app" else f"/{k}"): v for k, v in named.items()}
         pattern = "|".join(re.escape(p) for p in sorted(paths, key=len, reverse=True))
         return re.sub(rf"(?<![\w./-])({pattern})(?![\w.-])", lambda m: paths[m.group(1)], text)
 
@@ -259,7 +259,7 @@ class HarborEnv(SandboxEnv):
         else:
             workdir = task.settings.workdir or workdir
         env.update(task.settings.env)
-        logs = self.paths(workdir)["/logs"]
+        logs = self.paths(workdir)["logs"]
         r = await sandbox.exec(f"mkdir -p {shlex.quote(logs)}/agent", timeout=60)
         if r.exit_code != 0:
             raise SandboxFailed(f"cannot make {logs} in the sandbox: {r.stderr[-500:]}")
@@ -332,7 +332,7 @@ class HarborEnv(SandboxEnv):
         workdir = ctx.state["workdir"]
 
         def transform(dirs: VerifierDirs):
-            mapping = {"/tests": dirs.tests, "/logs": dirs.logs}
+            mapping = {"tests": dirs.tests, "logs": dirs.logs}
 
             def rewritten(path: Path) -> bytes | None:
                 if not self._is_local() or path.suffix not in (".sh", ".py"):
@@ -365,7 +365,7 @@ class HarborOraclePolicy:
     def command(self) -> str:
         env, task = self.env, self.env.task
         workdir = env._ctx.state["workdir"]
-        dest = env.paths(workdir)["/solution"]
+        dest = env.paths(workdir)["solution"]
         scripts = lambda p: env.rewrite(p.read_text(), workdir).encode() if p.suffix in (".sh", ".py") else None  # noqa: E731
         archive = tar_folder(task.root / "solution", scripts)
         blob = base64.b64encode(archive).decode()

@@ -174,13 +174,12 @@ READ_REWARD = 'for n in reward.txt reward.json; do [ -f "$1/$n" ] && { echo "$n"
 
 def scalar_reward(rewards: dict) -> float:
     """One number from Harbor's rewards dict: its "reward" key, else the mean of its keys (all kept
-    in the report); a key that is not a number makes the file unreadable."""
-    if not rewards:
-        raise ValueError("no keys")
-    values = {k: float(v) for k, v in rewards.items() if not isinstance(v, bool)}
-    if len(values) != len(rewards):
-        raise TypeError("a key that is not a number")
-    return values["reward"] if "reward" in values else sum(values.values()) / len(values)
+    in the report); without "reward", a key that is not a number makes the file unreadable."""
+    if "reward" in rewards:
+        return float(rewards["reward"])
+    if not rewards or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rewards.values()):
+        raise ValueError("no 'reward' key, and not every key is a number to average")
+    return sum(float(v) for v in rewards.values()) / len(rewards)
 
 
 async def read_reward(sandbox: AsyncSandboxInstance, dirs: VerifierDirs, report: dict) -> float:
