@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -215,3 +216,25 @@ def test_check_env_passes(local_root):
         check_env(env, skip_render_check=True)
     finally:
         env.close()
+
+
+@needs_bwrap
+def test_the_agent_time_limit_kills_a_running_command_at_the_limit(tmp_path, local_root):
+    folder = tmp_path / "tasks" / "slow"
+    shutil.copytree(DATA / "sum-numbers", folder)
+    (folder / "task.toml").write_text('version = "1.0"\n[agent]\ntimeout_sec = 5.0\n[verifier]\ntimeout_sec = 60.0\n')
+    env = make("local", local_root, folder)
+    try:
+        env.reset()
+        started = time.monotonic()
+        obs, reward, term, trunc, info = env.step(
+            {"name": "bash", "arguments": {"command": "sleep 20; echo late > late.txt", "timeout": 600}})
+        elapsed = time.monotonic() - started
+        assert elapsed < 12, elapsed  # killed at ~5 s (plus the verifier), not after 20 s
+        assert "timed out after 5s and was killed" in obs
+        assert (term, trunc) == (False, True) and "wall-clock budget of 5s used up" in info["truncation"]
+        assert env.trajectory.truncated and env.trajectory.ok  # graded (0.0: no answer), as Harbor does
+        assert reward == 0.0 and info["report"]["reward"] == 0.0
+    finally:
+        env.close()
+

@@ -210,7 +210,8 @@ class HarborEnv(SandboxEnv):
                                       f"{getattr(backend, 'name', 'an orchestrator')} (images are built with the docker SDK)")
             self._images[task_id] = await run_in_thread(ensure_image, task, backend.base_url)
         obs, info = await super().areset(options={**(options or {}), "task_id": task_id})
-        # the agent's time starts now: every command is killed when it is up (LimitedBashTool)
+        # the agent's time starts now, after set-up (as in Harbor): every command is killed when it is up
+        self._started = time.monotonic()
         self._ctx.state["deadline"] = self._started + self.max_seconds if self.max_seconds is not None else None
         return obs, info
 
