@@ -238,3 +238,32 @@ def test_the_agent_time_limit_kills_a_running_command_at_the_limit(tmp_path, loc
     finally:
         env.close()
 
+
+
+@needs_bwrap
+def test_orchard_eval_nothing_policy_and_tasks_check(tmp_path, local_root):
+    import json
+
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    corpus = DATA / "corpus"
+    out = tmp_path / "nothing.jsonl"
+    args = ["eval", "--env", "Orchard/Harbor-v0", "--tasks", str(corpus), "--task-id", "setup/env-vars",
+            "--policy", "nothing", "--out", str(out)]
+    result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert result.exit_code == 0, result.output
+    assert "resolved 0/1" in result.output and "mean episode time -" not in result.output
+    [line] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (line["reward"], line["error"], line["steps"] if "steps" in line else 1) == (0.0, None, 1)
+
+    result = CliRunner().invoke(main, ["tasks", "check", str(corpus)])
+    assert result.exit_code == 1  # malformed tasks are errors
+    assert "23 Harbor task(s) can run; 9 skipped (error)" in result.output
+    assert f"{corpus / 'malformed' / 'gpus'}: error: [environment] gpus" in result.output
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"path": str(corpus / "setup" / "env-vars")}) + "\n"
+                     + json.dumps({"path": "nowhere", "task_id": "gone"}) + "\n")
+    result = CliRunner().invoke(main, ["tasks", "check", str(index)])
+    assert "1 Harbor task(s) can run; 1 skipped (error)" in result.output, result.output

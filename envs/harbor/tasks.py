@@ -164,3 +164,20 @@ def is_harbor(source: Any) -> bool:
     if isinstance(source, str):
         return source.startswith("harbor:")
     return isinstance(source, dict) and bool(source) and all(isinstance(t, HarborTask) for t in source.values())
+
+
+def looks_like_harbor(source: str) -> bool:
+    """Whether `orchard tasks check SOURCE` means Harbor tasks: a folder holding a task.toml at any
+    depth, or a JSONL index whose first record has a "path" (SWE task files have none)."""
+    path = Path(source.removeprefix("harbor:")).expanduser()
+    if source.startswith("harbor:") or (path.is_dir() and next(path.rglob("task.toml"), None) is not None):
+        return True
+    if path.is_file() and path.suffix == ".jsonl":
+        with path.open() as f:
+            first = next((line for line in f if line.strip()), "")
+        try:
+            record = json.loads(first)
+        except json.JSONDecodeError:
+            return False
+        return isinstance(record, dict) and "path" in record and "instance_id" not in record
+    return False
