@@ -507,11 +507,13 @@ def plot_cmd(run_dir, out) -> None:
         raise click.ClickException(str(e)) from None
 
 
-from .cli_tasks import tasks_group  # noqa: E402 - commands of their own modules
+from .cli_export import export_cmd  # noqa: E402 - commands of their own modules
+from .cli_tasks import tasks_group  # noqa: E402
 from .cli_value import pool_group, train_sft_cmd, value_group  # noqa: E402
 from .cli_view import view_cmd  # noqa: E402
 
 main.add_command(tasks_group)
+main.add_command(export_cmd)
 main.add_command(view_cmd)
 main.add_command(pool_group)
 main.add_command(value_group)

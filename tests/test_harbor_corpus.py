@@ -97,3 +97,23 @@ def test_oracle_passes_every_valid_task_and_nothing_none_on_local(local_root):
 def test_oracle_passes_every_valid_task_and_nothing_none_on_docker():
     results = sweep({"type": "docker"})
     assert len(results) == 2 * 23
+
+
+@needs_bwrap
+def test_resources_and_network_become_the_sandbox_settings(local_root, caplog):
+    from orchard_gym._loop import LoopThread
+
+    with caplog.at_level("WARNING", logger="orchard_gym.harbor"):
+        env = gym.make("Orchard/Harbor-v0", tasks=str(CORPUS),
+                       backend={"type": "local", "isolation": "bwrap", "root": str(local_root)}).unwrapped
+    logged = caplog.text
+    assert "skipped" in logged and "malformed/gpus" in logged  # one line per skipped task
+    assert "caveat" in logged and "unknown key agent.max_turns" in logged
+    try:
+        env.reset(options={"task_id": "limits/resources"})
+        limits = LoopThread.shared().run(env.sandbox.resources())
+        assert env.sandbox_size(env.task) == {"block_network": False, "cpu": 1, "memory": 512 * 1024 * 1024}
+        text = str(limits)
+        assert "536870912" in text or "512" in text, limits
+    finally:
+        env.close()

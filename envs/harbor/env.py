@@ -135,18 +135,19 @@ class HarborEnv(SandboxEnv):
 
     env_id = "Orchard/Harbor-v0"
 
-    def __init__(self, *, tasks: Any, max_steps: int = 40, exec_timeout: float = 180.0, snapshot_setup: bool = True,
-                 **kwargs: Any):
+    def __init__(self, *, tasks: Any, max_steps: int = 40, exec_timeout: float = 180.0,
+                 snapshot_setup: bool | None = None, **kwargs: Any):
         self._tasks, self.problems = load_tasks(tasks)
-        for problem in self.problems:
-            if problem.severity == "error":
-                log.warning("Harbor task skipped: %s", problem)
+        for problem in self.problems:  # one line each: skipped tasks, and caveats (unknown keys, ...)
+            log.warning("Harbor task %s: %s", "skipped" if problem.severity == "error" else "caveat", problem)
         if not self._tasks:
             reasons = "; ".join(str(p) for p in self.problems if p.severity == "error")[:2000]
             raise ValueError(f"no Harbor task in {tasks!r} can run" + (f": {reasons}" if reasons else
                                                                         " (no folder with a task.toml)"))
         self._images: dict[str, str] = {}
-        super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, snapshot_setup=snapshot_setup, **kwargs)
+        super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, snapshot_setup=bool(snapshot_setup), **kwargs)
+        # None: snapshot the set-up on local (the Dockerfile's steps ran there); on docker the image is the cache
+        self._snapshot_choice = snapshot_setup
         self._max_seconds = self.max_seconds  # the caller's; else each task's [agent] timeout_sec
 
     def make_tools(self) -> list[Tool]:
@@ -203,6 +204,7 @@ class HarborEnv(SandboxEnv):
         task = self.get_task(task_id)
         self.max_seconds = self._max_seconds if self._max_seconds is not None else task.agent_timeout
         await self._get_client()
+        self.snapshot_setup = self._is_local() if self._snapshot_choice is None else self._snapshot_choice
         if not self._is_local():
             backend = self._backend()
             if backend is None or backend.name != "docker":
