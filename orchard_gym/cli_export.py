@@ -14,7 +14,7 @@ import click
 @click.option("--out", type=click.Path(dir_okay=False), default=None, help="default: TRAJECTORIES with .atif.jsonl")
 @click.option("--agent", default="orchard-gym", show_default=True, help="ATIF agent.name")
 def export_cmd(trajectories, fmt, out, agent) -> None:
-    """Write each trajectory of a JSONL file (orchard eval's) as one ATIF-v1.8 object a line.
+    """Write each trajectory of a JSONL file (orchard eval's, harness runs too) as one ATIF-v1.8 object a line.
 
     Example: orchard export --format atif runs/eval.jsonl
     """
@@ -29,9 +29,13 @@ def export_cmd(trajectories, fmt, out, agent) -> None:
             if not line.strip():
                 continue
             try:
-                t = Trajectory.model_validate_json(line)
-            except ValueError as e:
+                data = json.loads(line)
+                # a harness run's line: {"trajectory": ..., "record": {"calls": [...]}} (the recorded model calls)
+                calls = (data.get("record") or {}).get("calls") if "trajectory" in data else None
+                name = data.get("harness") or agent
+                t = Trajectory.model_validate(data["trajectory"] if "trajectory" in data else data)
+            except (ValueError, AttributeError) as e:
                 raise click.ClickException(f"{source}:{number}: not a trajectory: {str(e)[:300]}") from None
-            sink.write(json.dumps(to_atif(t, agent)) + "\n")
+            sink.write(json.dumps(to_atif(t, name, calls)) + "\n")
             count += 1
     click.echo(f"{count} trajectories -> {out_path} ({fmt})")

@@ -63,3 +63,26 @@ def test_orchard_export_writes_one_atif_object_a_line(tmp_path):
     runs.write_text("{not json\n")
     result = CliRunner().invoke(main, ["export", str(runs)])
     assert result.exit_code == 1 and "eval.jsonl:1: not a trajectory" in result.output
+
+
+def test_a_harness_run_keeps_its_chat_tool_calls_results_and_token_ids():
+    def call(i, command):
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": command})}}]}
+    system, user = {"role": "system", "content": "s"}, {"role": "user", "content": "Fix the bug."}
+    first = json.dumps({"messages": [system, user]})
+    second = json.dumps({"messages": [system, user, call(0, "ls"), {"role": "tool", "tool_call_id": "c0", "content": "a.py"}]})
+    t = Trajectory(env_id="Orchard/SWE-v0", task_id="t", turns=[
+        Turn(index=0, action=call(0, "ls"), observation=first, messages=[system, user]),
+        Turn(index=1, action=call(1, "echo done"), observation=second)])
+    calls = [{"usage": {"prompt_tokens": 10, "completion_tokens": 3}, "prompt_token_ids": [1, 2],
+              "completion_token_ids": [7, 8, 9], "logprobs": [{"token": "x", "logprob": -0.5}] * 3}, {"usage": {}}]
+    atif = to_atif(t, "mini-swe-agent", calls)
+    steps = atif["steps"]
+    assert steps[0]["message"] == "Fix the bug." and atif["agent"]["name"] == "mini-swe-agent"
+    assert steps[1]["tool_calls"] == [{"tool_call_id": "c0", "function_name": "bash", "arguments": {"command": "ls"}}]
+    assert steps[1]["observation"]["results"] == [{"content": "a.py", "source_call_id": "c0"}]
+    assert steps[1]["metrics"] == {"prompt_tokens": 10, "completion_tokens": 3, "prompt_token_ids": [1, 2],
+                                   "completion_token_ids": [7, 8, 9], "logprobs": [-0.5, -0.5, -0.5]}
+    back = from_atif(json.loads(json.dumps(atif)))
+    assert [(u.action, u.observation, u.tool) for u in back.turns] == [(u.action, u.observation, None) for u in t.turns]

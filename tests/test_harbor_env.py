@@ -63,7 +63,7 @@ def test_oracle_passes_and_doing_nothing_fails(kind, task_id, local_root):
         # on local, /app is the sandbox's working directory: the instruction says so relatively
         assert obs == (instruction.replace("/app/", "") if kind == "local" else instruction)
         assert [t["function"]["name"] for t in info["tools"]] == ["bash", "submit"]
-        assert env.max_seconds == load_harbor(f"harbor:{DATA}")[task_id].agent_timeout  # task.toml [agent]
+        assert env.max_seconds == load_harbor(str(DATA / task_id))[task_id].agent_timeout  # task.toml [agent]
         _, reward, term, _, info = play_oracle(env)
         assert (reward, term, info["report"]["reward"]) == (1.0, True, 1.0)
         assert env.trajectory.ok
