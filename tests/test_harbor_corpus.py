@@ -117,3 +117,16 @@ def test_resources_and_network_become_the_sandbox_settings(local_root, caplog):
         assert "536870912" in text or "512" in text, limits
     finally:
         env.close()
+
+
+@needs_bwrap
+def test_network_off_blocks_a_task_that_asks_for_the_internet(local_root):
+    backend = {"type": "local", "isolation": "bwrap", "root": str(local_root)}
+    env = gym.make("Orchard/Harbor-v0", tasks=str(CORPUS / "limits" / "internet-on"), backend=backend,
+                   network="off").unwrapped
+    try:  # the task's verifier wants a default route: with the network off, the oracle fails
+        assert play(env, env.oracle_policy(), "internet-on")[0] == 0.0 and env.trajectory.ok
+    finally:
+        env.close()
+    with pytest.raises(gym.error.Error, match="network must be"):
+        gym.make("Orchard/Harbor-v0", tasks=str(CORPUS / "limits" / "internet-on"), network="maybe")

@@ -131,12 +131,18 @@ def _copy_archive(context: Path, sources: list[str], dest: str) -> tuple[str, by
 class HarborEnv(SandboxEnv):
     """Gymnasium env over Harbor task folders (see the module docstring). Extra kwargs: `tasks`
     (a folder of task folders, one task folder, a JSONL index, or {task_id: HarborTask});
-    tasks that cannot run are skipped, each logged in one line and listed in `env.problems`."""
+    tasks that cannot run are skipped, each logged in one line and listed in `env.problems`.
+    `network`: "task" (each task.toml's network_mode / allow_internet; Harbor's default is
+    public) or "off" (every sandbox blocked, whatever the task asks)."""
 
     env_id = "Orchard/Harbor-v0"
 
     def __init__(self, *, tasks: Any, max_steps: int = 40, exec_timeout: float = 180.0,
-                 snapshot_setup: bool | None = None, **kwargs: Any):
+                 snapshot_setup: bool | None = None, network: str = "task", **kwargs: Any):
+        if network not in ("task", "off"):
+            raise gym.error.Error(f"network must be 'task' (as each task.toml says; Harbor's default is public) "
+                                  f"or 'off' (every sandbox blocked), not {network!r}")
+        self.network = network
         self._tasks, self.problems = load_tasks(tasks)
         for problem in self.problems:  # one line each: skipped tasks, and caveats (unknown keys, ...)
             log.warning("Harbor task %s: %s", "skipped" if problem.severity == "error" else "caveat", problem)
@@ -190,7 +196,7 @@ class HarborEnv(SandboxEnv):
 
     def sandbox_size(self, task: HarborTask) -> dict:
         s = task.settings
-        size: dict[str, Any] = {"block_network": not s.internet}
+        size: dict[str, Any] = {"block_network": self.network == "off" or not s.internet}
         if s.cpus is not None:
             size["cpu"] = s.cpus
         if s.memory_mb is not None:
