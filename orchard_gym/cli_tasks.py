@@ -52,3 +52,33 @@ def _check_harbor(source: str, strict: bool) -> None:
                f"{len(problems) - errors} warning(s)")
     if errors or (strict and len(problems) > errors):
         raise SystemExit(1)
+
+
+@tasks_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["harbor"]), default="harbor", show_default=True)
+@click.option("--env", "env_id", default="Orchard/Toy-v0", show_default=True, help="registered env id")
+@click.option("--env-kwargs", default="{}", show_default=True, help="env kwargs as JSON (e.g. its tasks)")
+@click.option("--base-image", default="localhost/orchard/bookworm:latest", show_default=True,
+              help="FROM of the Dockerfiles written")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="folder for the task folders")
+def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
+    """Write an env's tasks as Harbor task folders (Toy-style tasks: files + a shell check).
+
+    Example: orchard tasks export --format harbor --env Orchard/Toy-v0 --out harbor-toy
+    """
+    import json
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    from orchard_gym.envs.harbor.export import export_tasks
+
+    try:
+        env = gym.spec(env_id).make(**json.loads(env_kwargs), backend={"type": "local"}).unwrapped
+    except (gym.error.Error, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--env / --env-kwargs") from None
+    try:
+        folders = export_tasks({t: env.get_task(t) for t in env.task_ids()}, Path(out), env_id, base_image)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt})")

@@ -267,3 +267,32 @@ def test_orchard_eval_nothing_policy_and_tasks_check(tmp_path, local_root):
                      + json.dumps({"path": "nowhere", "task_id": "gone"}) + "\n")
     result = CliRunner().invoke(main, ["tasks", "check", str(index)])
     assert "1 Harbor task(s) can run; 1 skipped (error)" in result.output, result.output
+
+
+@needs_bwrap
+def test_toy_tasks_exported_as_harbor_folders_grade_the_same(tmp_path, local_root):
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    out = tmp_path / "toy-harbor"
+    result = CliRunner().invoke(main, ["tasks", "export", "--format", "harbor", "--env", "Orchard/Toy-v0",
+                                       "--env-kwargs", '{"num_tasks": 1}', "--out", str(out)])
+    assert result.exit_code == 0 and "3 Harbor task folders" in result.output, result.output
+    env = make("local", local_root, out)
+    toy = gym.make("Orchard/Toy-v0", num_tasks=1, backend=_config("local", local_root)).unwrapped
+    try:
+        assert env.task_ids() == toy.task_ids() == ["count-000", "secret-000", "write-000"]
+        for task_id in env.task_ids():
+            env.reset(options={"task_id": task_id})
+            assert play_oracle(env)[1] == 1.0, task_id
+            env.reset(options={"task_id": task_id})
+            assert env.step({"name": "submit", "arguments": {}})[1] == 0.0
+            toy.reset(options={"task_id": task_id})  # the same task in its own env: the same rewards
+            toy.step({"name": "bash", "arguments": {"command": toy.task.solution}})
+            assert toy.step({"name": "submit", "arguments": {}})[1] == 1.0
+    finally:
+        env.close()
+        toy.close()
+    result = CliRunner().invoke(main, ["tasks", "export", "--env", "Orchard/SWE-v0", "--out", str(tmp_path / "swe")])
+    assert result.exit_code == 1 and "only tasks graded by a shell check" in result.output
