@@ -45,6 +45,11 @@ class LocalBackendConfig(BaseModel):
                                    "(cgroups only; None: unlimited)")
     hide: list[Path] = Field(default_factory=list, description="host folders no sandbox may read (an empty tmpfs "
                              "covers each), e.g. task folders holding solutions; Orchard/Claw-v0's Harbor tasks add theirs")
+    read_only_paths: list[Path] = Field(
+        default_factory=lambda: [Path(p) for p in os.environ.get("ORCHARD_LOCAL_READ_ONLY", "").split(os.pathsep) if p],
+        description="host paths an isolated sandbox also sees, read-only at the same path, besides its minimal view "
+                    "(the userland, a filtered /etc, the interpreter, the agent and the orchard cache's shared "
+                    "folders; see backends/local_view.py) (default: $ORCHARD_LOCAL_READ_ONLY, ':'-separated)")
     any_image_as_host: bool = Field(
         default_factory=lambda: os.environ.get("ORCHARD_LOCAL_ANY_IMAGE", "").lower() in ("1", "true", "yes", "on"),
         description="run a sandbox asking for any image on the host's userland (one warning) instead of refusing "
@@ -55,6 +60,14 @@ class LocalBackendConfig(BaseModel):
     def _no_dots(cls, v: str) -> str:
         if any(part in (".", "..") for part in v.split("/")):
             raise ValueError("cgroup_parent must not hold '.' or '..' components")
+        return v
+
+    @field_validator("read_only_paths")
+    @classmethod
+    def _absolute(cls, v: list[Path]) -> list[Path]:
+        for path in v:
+            if not path.is_absolute() or str(path) == "/":
+                raise ValueError(f"read_only_paths must be absolute paths below / (not {str(path)!r})")
         return v
 
     def get_backend(self):

@@ -2,18 +2,23 @@
 
 Where bubblewrap (`bwrap`) is installed the agent runs in its own PID, mount, IPC,
 UTS and (unless `block_network=False`) network namespaces: the sandbox directory is
-writable, the rest of the system read-only, `/tmp` private, every capability
-dropped. The agent listens on a unix socket in a folder bound into the namespace.
+writable, `/tmp` private, every capability dropped, and of the host it sees only a minimal
+view, read-only (the userland, a filtered `/etc`, the interpreter and agent: local_view.py);
+no abstract unix socket made outside it is reachable (Landlock scope, agent/scope.py).
+The agent listens on a unix socket in a folder bound into the namespace.
 Without bubblewrap (macOS, minimal hosts) the agent is a plain process and a
 warning says so once.
 
 State lives on disk (`ROOT/<id>/meta.json`), so another process — a restarted
-orchestrator, `orchard sandbox gc` — can find, adopt or sweep sandboxes.
+orchestrator, `orchard sandbox gc` — can find, adopt or sweep sandboxes. meta.json holds no
+token, only its digest and a nonce: a sandbox's token is an HMAC of the backend root's key
+(`ROOT/.key`, 0600, in no sandbox's view) over its id and nonce.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -26,12 +31,12 @@ import time
 import warnings
 from pathlib import Path
 
-from orchard_gym.agent import AGENT_DIR
+from orchard_gym.agent import AGENT_DIR, scope
 from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
 from orchard_gym.models import HOST_IMAGES, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
-from . import procs
+from . import local_view, procs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
@@ -78,6 +83,20 @@ class LocalBackend(Backend):
         self.root = (self.config.root or default_root()).resolve()
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.bwrap = self._find_bwrap()
+        self._key = _root_key(self.root / ".key")
+        missing = [str(p) for p in self.config.read_only_paths if not p.exists()]
+        if missing:
+            raise BackendError(f"read_only_paths: {', '.join(missing)} not found on this host")
+        if self.bwrap:  # what every sandbox sees of the host, planned once (walking /etc)
+            python, prefix = _python()
+            shares = [python, prefix, os.path.realpath(AGENT_DIR), *map(str, local_view.cache_shares()),
+                      *map(str, self.config.read_only_paths)]
+            self.view = local_view.plan(shares, str(self.root))
+            self.view += self._hidden_steps()  # e.g. Harbor task folders (their solutions) inside the view
+            self.scoped_sockets = scope.abi() >= scope.SCOPE_ABI
+            if not self.scoped_sockets:
+                log.warning("Landlock ABI %d < %d: sandboxes with block_network=False can reach the host's abstract "
+                            "unix sockets", scope.abi(), scope.SCOPE_ABI)
         self.no_zygote_reason = unavailable_reason(self.config.spawner, self.bwrap)
         if self.no_zygote_reason and self.config.spawner == "zygote":
             raise BackendError(f"spawner='zygote' but it cannot run here: {self.no_zygote_reason}")
@@ -152,7 +171,7 @@ class LocalBackend(Backend):
             except BaseException:
                 shutil.rmtree(home, ignore_errors=True)
                 raise
-        token = new_token()
+        nonce = new_token()
         isolation = "bwrap" if self.bwrap else "none"
         if not spec.block_network or isolation == "none":
             network = "host"
@@ -161,7 +180,8 @@ class LocalBackend(Backend):
         meta = {
             "sandbox_id": sandbox_id,
             "image": spec.image or "host",
-            "token": token,
+            "token_nonce": nonce,  # the token: _token(), from the root's key; never written down
+            "token_sha256": token_sha256(self._token({"sandbox_id": sandbox_id, "token_nonce": nonce})),
             "socket": str(run / "agent.sock"),
             "workdir": str(work),
             "isolation": isolation,
@@ -204,8 +224,7 @@ class LocalBackend(Backend):
                 if zygote:  # forked from the warm agent, set up as the bwrap line below would
                     job = str(SandboxCgroup.from_meta(meta["cgroup"]).job_dir) if fds else None
                     dirs = [str(d) for d in SandboxCgroup.from_meta(meta["cgroup"]).unique_dirs] if fds else []
-                    hide, keep = self._hidden_and_kept()
-                    req = zygote_request(meta, env, self._agent_args(meta, spec), hide, keep, len(fds),
+                    req = zygote_request(meta, env, self._agent_args(meta, spec), self.view, len(fds),
                                          dirs.index(job) if fds else None)
                     proc = ZygoteChild(self.zygote.spawn(req, [logf.fileno(), *fds]))
                 else:
@@ -275,30 +294,30 @@ class LocalBackend(Backend):
     def _agent_args(self, meta: dict, spec: SandboxSpec) -> list[str]:
         """The agent's options but the cgroup fds and --exit-with-parent."""
         agent = ["--socket", meta["socket"], "--cwd", meta.get("sandbox_workdir", meta["workdir"]),
-                 "--max-output", str(self.config.max_output), "--token-sha256", token_sha256(meta["token"])]
+                 "--max-output", str(self.config.max_output), "--token-sha256", meta["token_sha256"]]
         # without a cgroup that enforces them: today's per-process stand-ins
         if spec.memory is not None and not self._enforced_by_cgroup(meta, "memory"):
             agent += ["--limit-memory", str(spec.memory_bytes)]
         if spec.cpu is not None and not self._enforced_by_cgroup(meta, "cpu"):
             agent += ["--limit-cpus", str(spec.cpu)]
+        if self.bwrap and self.scoped_sockets:
+            agent.append("--scope-abstract-sockets")
         return agent
 
-    def _hidden_and_kept(self) -> tuple[list[str], list[str]]:
-        """Folders covered by a tmpfs besides /tmp (the other sandboxes and their tokens), and
-        the interpreter and agent folders bound back when they live under a hidden one."""
-        _, prefix = _python()
-        hide = [] if str(self.root).startswith("/tmp/") else [str(self.root)]
-        hide += self._configured_hidden()
-        keep = [p for p in (prefix, os.path.realpath(AGENT_DIR)) if p.startswith("/tmp/") or p.startswith(str(self.root))]
-        return hide, keep
+    def _token(self, meta: dict) -> str:
+        if "token" in meta:  # a sandbox made before tokens were derived
+            return meta["token"]
+        return hmac.new(self._key, f"{meta['sandbox_id']}/{meta['token_nonce']}".encode(), "sha256").hexdigest()
 
-    def _configured_hidden(self) -> list[str]:
-        """config.hide's folders that exist and that /tmp or the root do not already hide."""
+    def _hidden_steps(self) -> list[list[str]]:
+        """config.hide's folders that the view would show, covered (the rest are not in it)."""
+        shown = [step[-1] for step in self.view if step[0] == "ro"]
         paths = (os.path.realpath(p) for p in self.config.hide)
-        return [p for p in paths if os.path.isdir(p) and not p.startswith("/tmp/") and not p.startswith(f"{self.root}/")]
+        return [["cover-dir", p] for p in paths if os.path.isdir(p)
+                and any(p == s or p.startswith(s.rstrip("/") + "/") for s in shown)]
 
     def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
-        python, prefix = _python()
+        python = _python()[0]
         agent_py = os.path.realpath(AGENT_DIR)  # a folder, run as python3 DIR (its __main__.py)
         inside = meta.get("sandbox_workdir", meta["workdir"])  # a fork sees its folder at its snapshot's path
         agent = [python, "-I", "-S", agent_py, *self._agent_args(meta, spec)]
@@ -313,15 +332,8 @@ class LocalBackend(Backend):
         if not self.bwrap:
             return agent
         work, run = meta["workdir"], str(Path(meta["socket"]).parent)
-        argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        if not str(self.root).startswith("/tmp/"):
-            argv += ["--tmpfs", str(self.root)]  # hide the other sandboxes (and their tokens)
-        for path in self._configured_hidden():
-            argv += ["--tmpfs", path]
-        for path in (prefix, agent_py):  # stay reachable even if they live under a hidden folder
-            if path.startswith("/tmp/") or path.startswith(str(self.root)):
-                argv += ["--ro-bind", path, path]
-        argv += ["--bind", work, inside, "--bind", run, run, "--chdir", inside,
+        argv = [self.bwrap, *local_view.bwrap_args(self.view)]
+        argv += ["--bind", work, inside, "--bind", run, run, "--remount-ro", "/", "--chdir", inside,
                  "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--hostname", meta["sandbox_id"][:63], "--cap-drop", "ALL", "--new-session"]
         if meta["network"] == "none":
@@ -350,7 +362,7 @@ class LocalBackend(Backend):
             workdir=meta.get("sandbox_workdir", meta["workdir"]),
             created_at=meta["created_at"],
             error=error,
-            endpoint=AgentEndpoint(uds=meta["socket"], token=meta["token"]),
+            endpoint=AgentEndpoint(uds=meta["socket"], token=self._token(meta)),
             details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid"),
                      "host_workdir": meta["workdir"],
                      "spawner": meta.get("spawner", "bwrap" if meta["isolation"] == "bwrap" else "process")},
@@ -507,6 +519,25 @@ def _write_json(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
     os.replace(tmp, path)
+
+
+def _root_key(path: Path) -> bytes:
+    """The backend root's secret (made once, 0600; shared by every process using the root)."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        pass
+    tmp = path.with_name(f".key.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(os.urandom(32))
+    try:
+        os.link(tmp, path)  # never replaces: a concurrent maker's key wins, and both use it
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(tmp)
+    return path.read_bytes()
 
 
 def _lost_mount_race(logfile: Path) -> bool:

@@ -177,12 +177,12 @@ class Zygote:
         return int(answer["pid"])
 
 
-def zygote_request(meta: dict, spec_env: dict, agent_args: list[str], hide: list[str], keep: list[str],
+def zygote_request(meta: dict, spec_env: dict, agent_args: list[str], view: list[list[str]],
             cgroup_fds: int, job_cgroup_index: int | None) -> dict:
-    """What zygote_server.check_request() accepts for one sandbox."""
+    """What zygote_server.check_request() accepts for one sandbox (`view`: local_view.plan())."""
     return {"v": 1, "sandbox_id": meta["sandbox_id"], "workdir": meta["workdir"],
             "workdir_at": meta.get("sandbox_workdir", meta["workdir"]),  # a fork: at its snapshot's path
-            "rundir": str(Path(meta["socket"]).parent), "hide": hide, "keep": keep, "network": meta["network"],
+            "rundir": str(Path(meta["socket"]).parent), "view": view, "network": meta["network"],
             "env": spec_env, "agent_args": agent_args, "cgroup_fds": cgroup_fds,
             "job_cgroup_index": job_cgroup_index}
 

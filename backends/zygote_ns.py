@@ -1,15 +1,16 @@
 """Entering a local sandbox from a forked zygote child: what bubblewrap does, in-process.
 
 The pre-forked agent (backends/zygote.py, zygote_server.py) forks a child that calls
-`unshare()` and then sets the sandbox up the way `bwrap --ro-bind / / --dev /dev --proc
-/proc --tmpfs /tmp --tmpfs ROOT --bind WORK --bind RUN --unshare-pid --unshare-ipc
---unshare-uts --unshare-cgroup --unshare-net --cap-drop ALL --new-session` would:
+`unshare()` and then sets the sandbox up the way `bwrap VIEW --bind WORK --bind RUN
+--remount-ro / --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup --unshare-net
+--cap-drop ALL --new-session` would (VIEW: local_view.plan()'s steps):
 
-- mounts: the whole tree made private and read-only, nosuid, nodev (`mount_setattr`,
-  recursive); a fresh `/proc` of the new PID namespace with /proc/sys, sysrq-trigger, irq
-  and bus read-only over it; a fresh `/dev` (null, zero, full, random, urandom, tty, a
-  private devpts, shm); a private `/tmp`; the sandboxes' root hidden under a tmpfs; the
-  sandbox's own work and run folders bound back writable;
+- mounts: a new root, a tmpfs made read-only at the end, holding only the view's steps: its
+  read-only binds (nosuid, nodev, `mount_setattr` recursive), links and covers; a fresh
+  `/proc` of the new PID namespace with /proc/sys, sysrq-trigger, irq and bus read-only over
+  it; a fresh `/dev` (null, zero, full, random, urandom, tty, a private devpts, shm); a
+  private `/tmp`; the sandbox's own work and run folders bound writable; then `pivot_root`
+  into it, the host's tree detached;
 - the hostname, loopback up in the new network namespace;
 - every capability gone (bounding, ambient, effective, permitted, inheritable) and
   no_new_privs, so nothing the agent execs can regain one.
@@ -34,6 +35,9 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID, MOUNT_ATTR_NODEV = 1, 2, 4
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (new syscalls are unified)
+MNT_DETACH = 2
+# pivot_root has no libc wrapper; an old syscall, so its number differs by architecture
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}.get(os.uname().machine)
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -94,52 +98,95 @@ def prctl(option: int, arg: int = 0) -> None:
 
 
 def _bind_back(fd: int, target: str, writable: bool) -> None:
-    """Bind what `fd` (an O_PATH fd opened before the covering mounts) names onto `target`."""
-    os.makedirs(target, exist_ok=True)
-    mount(f"/proc/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    """Bind what `fd` (an O_PATH fd opened before the covering mounts) names onto `target`,
+    read-only (and nosuid, nodev) unless `writable`."""
+    source = f"/proc/self/fd/{fd}"
+    if os.path.isdir(source):
+        os.makedirs(target, exist_ok=True)
+    elif not os.path.lexists(target):  # a file is mounted on a file
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o444))
+    mount(source, target, None, MS_BIND | MS_REC)
     if writable:  # a bind copies its source's read-only flag: clear it on this one mount
         mount_setattr(target, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, MOUNT_ATTR_RDONLY)
+    else:
+        mount_setattr(target, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
 
 
-def _make_dev() -> None:
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID, "mode=0755")
+def _make_dev(dev: str) -> None:
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID, "mode=0755")
     for name, (major, minor) in DEVICES.items():
-        os.mknod(f"/dev/{name}", 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
-        os.chmod(f"/dev/{name}", 0o666)
+        os.mknod(f"{dev}/{name}", 0o666 | 0o020000, os.makedev(major, minor))  # S_IFCHR
+        os.chmod(f"{dev}/{name}", 0o666)
     for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx")):
-        os.symlink(target, f"/dev/{name}")
-    os.mkdir("/dev/shm", 0o1777)
-    os.chmod("/dev/shm", 0o1777)
-    os.mkdir("/dev/pts", 0o755)
-    mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
+        os.symlink(target, f"{dev}/{name}")
+    os.mkdir(f"{dev}/shm", 0o1777)
+    os.chmod(f"{dev}/shm", 0o1777)
+    os.mkdir(f"{dev}/pts", 0o755)
+    mount("devpts", f"{dev}/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620")
 
 
-def set_up_mounts(workdir: str, rundir: str, hide: list[str], keep: list[str], workdir_at: str | None = None) -> None:
-    """The sandbox's view of the file system (see the module docstring). Needs to be pid 1
-    of the new PID namespace (for /proc) inside a fresh mount namespace. `workdir_at`: where
-    the sandbox sees its workdir (a fork from a snapshot: at the snapshot's path, made on the
-    tmpfs that hides the sandboxes' root), by default at its own path."""
-    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the host
-    # before anything covers them: what is bound back afterwards
-    back = [(os.open(p, os.O_PATH | os.O_CLOEXEC), at, w)
-            for p, at, w in [*((k, k, False) for k in keep), (workdir, workdir_at or workdir, True),
-                             (rundir, rundir, True)]]
-    mount_setattr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+def _make_proc(proc: str) -> None:
+    mount("proc", proc, "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     for name in PROC_READ_ONLY:
-        path = f"/proc/{name}"
+        path = f"{proc}/{name}"
         if os.path.exists(path):
             mount(path, path, None, MS_BIND | MS_REC)
             mount_setattr(path, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, recursive=True)
-    _make_dev()
-    mount("tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777")
-    for path in hide:
-        if os.path.isdir(path):
-            mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
-    for fd, path, writable in back:
-        _bind_back(fd, path, writable)
+
+
+def _tmpfs(path: str, mode: str, read_only: bool = False) -> None:
+    os.makedirs(path, exist_ok=True)
+    mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"mode={mode}")
+    if read_only:
+        mount_setattr(path, MOUNT_ATTR_RDONLY)
+
+
+def pivot_root(new_root: str) -> None:
+    """Make `new_root` (a mount point) this mount namespace's root; the old tree is detached."""
+    if SYS_PIVOT_ROOT is None:
+        raise NamespaceError(errno.ENOSYS, f"pivot_root: no syscall number known for {os.uname().machine}")
+    os.chdir(new_root)
+    _check(_libc.syscall(ctypes.c_long(SYS_PIVOT_ROOT), b".", b"."), "pivot_root")  # pivot_root(2)'s idiom
+    _check(_libc.umount2(b".", MNT_DETACH), "detach the host's tree")
+    os.chdir("/")
+
+
+def set_up_mounts(workdir: str, rundir: str, view: list[list[str]], workdir_at: str | None = None) -> None:
+    """The sandbox's view of the file system (see the module docstring; `view`:
+    local_view.plan()'s steps, checked). Needs to be pid 1 of the new PID namespace (for
+    /proc) inside a fresh mount namespace. `workdir_at`: where the sandbox sees its workdir
+    (a fork from a snapshot: at the snapshot's path), by default at its own path."""
+    mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing we do here reaches the host
+    # before anything covers them (the new root is staged on /tmp): every source
+    opened = {p: os.open(p, os.O_PATH | os.O_CLOEXEC) for p in
+              ["/dev/null", workdir, rundir, *(s[1] for s in view if s[0] == "ro")]}
+    new = "/tmp"  # as bubblewrap: a tmpfs on the host's /tmp (in this namespace only) becomes "/"
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    for kind, *args in view:
+        at = new + args[-1]
+        if kind == "symlink":
+            os.makedirs(os.path.dirname(at), exist_ok=True)
+            os.symlink(args[0], at)
+        elif kind in ("ro", "cover-file"):  # a file covered by /dev/null on a nodev mount: unreadable
+            _bind_back(opened[args[0] if kind == "ro" else "/dev/null"], at, writable=False)
+        elif kind == "cover-dir":
+            _tmpfs(at, "0755", read_only=True)
+        elif kind == "tmpfs":
+            _tmpfs(at, "1777")
+        elif kind == "proc":
+            os.makedirs(at, exist_ok=True)
+            _make_proc(at)
+        elif kind == "dev":
+            os.makedirs(at, exist_ok=True)
+            _make_dev(at)
+    _bind_back(opened[workdir], new + (workdir_at or workdir), writable=True)
+    _bind_back(opened[rundir], new + rundir, writable=True)
+    for fd in opened.values():
         os.close(fd)
+    pivot_root(new)
+    mount_setattr("/", MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV)  # the root itself, not below
 
 
 def loopback_up() -> None:

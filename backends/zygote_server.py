@@ -38,7 +38,7 @@ import traceback
 
 MAX_REQUEST = 256 * 1024
 MAX_FDS = 16
-KEYS = {"v": int, "sandbox_id": str, "workdir": str, "workdir_at": str, "rundir": str, "hide": list, "keep": list,
+KEYS = {"v": int, "sandbox_id": str, "workdir": str, "workdir_at": str, "rundir": str, "view": list,
         "network": str, "env": dict, "agent_args": list, "cgroup_fds": int, "job_cgroup_index": (int, type(None))}
 _SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 PR_SET_CHILD_SUBREAPER = 36
@@ -67,9 +67,9 @@ def check_request(req, nfds: int) -> dict:
         raise BadRequest("bad sandbox_id")
     for key in ("workdir", "workdir_at", "rundir"):
         _path(req[key], key)
-    for key in ("hide", "keep"):
-        for p in req[key]:
-            _path(p, key)
+    import local_view
+
+    local_view.check_steps(req["view"])  # ValueError: refused
     if req["network"] not in ("none", "host"):
         raise BadRequest("network must be 'none' or 'host'")
     for k, v in req["env"].items():
@@ -158,7 +158,7 @@ def _sandbox_main(req: dict, log_fd: int, cgroup_fds: list[int], agent_main) -> 
     import zygote_ns as ns
 
     try:
-        ns.set_up_mounts(req["workdir"], req["rundir"], req["hide"], req["keep"], req["workdir_at"])
+        ns.set_up_mounts(req["workdir"], req["rundir"], req["view"], req["workdir_at"])
         socket.sethostname(req["sandbox_id"][:63])
         if req["network"] == "none":
             ns.loopback_up()
@@ -226,11 +226,14 @@ def _load_agent(agent_dir: str):
     spec = importlib.util.spec_from_file_location("orchard_agent_main", os.path.join(agent_dir, "__main__.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    import local_view  # noqa: F401
     import resource  # noqa: F401  what the agent imports lazily
     import zygote_ns  # noqa: F401
 
     if not zygote_ns.has_mount_setattr():
         raise SystemExit("zygote: the kernel has no mount_setattr (Linux 5.12+ needed)")
+    if zygote_ns.SYS_PIVOT_ROOT is None:
+        raise SystemExit(f"zygote: no pivot_root syscall number known for {os.uname().machine}")
     return module.main
 
 

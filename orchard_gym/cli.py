@@ -347,6 +347,28 @@ def serve_cmd(host, port, backend, redis_url, pools) -> None:
     serve(settings, host=host, port=port)
 
 
+@main.command("serve-env")
+@click.argument("env_id")
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", default=8010, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
+@click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
+@click.option("--max-sessions", type=click.IntRange(min=1), default=8, show_default=True,
+              help="concurrent sessions (one sandbox each)")
+@click.option("--session-timeout", type=click.FloatRange(min=1), default=600.0, show_default=True,
+              help="seconds before an idle session is reaped (its sandbox deleted)")
+def serve_env_cmd(env_id, host, port, backend, api_key, max_sessions, session_timeout) -> None:
+    """Serve ENV_ID (e.g. Orchard/Claw-v0) through OpenEnv's server (docs/integrations.md).
+    Needs the integrations extra (pip install 'orchard-gym[integrations]')."""
+    try:
+        from .integrations.openenv import serve
+    except ImportError as e:
+        raise click.ClickException(f"{e}: install the integrations extra (pip install 'orchard-gym[integrations]')") \
+            from e
+    serve(env_id, host=host, port=port, max_sessions=max_sessions, session_timeout=session_timeout,
+          **_backend_kwargs(backend, api_key))
+
+
 @main.command("proxy")
 @click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
 @click.option("--port", default=8100, show_default=True, type=click.IntRange(0, 65535))

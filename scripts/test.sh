@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup_system.sh          # bubblewrap, podman, redis-server, debootstrap, ...
-bash scripts/install.sh dev,server,docker,k8s,train,gui   # gui: the miniwob package (MiniWoB++ pages); train: torch (CPU), transformers, TRL for tests/test_train_grpo.py
+bash scripts/install.sh dev,server,docker,k8s,train,gui,integrations   # gui: the miniwob package (MiniWoB++ pages); train: torch (CPU), transformers, TRL for tests/test_train_grpo.py; integrations: OpenEnv, SkyRL-Gym
 bash scripts/build_test_images.sh     # localhost/orchard/{bookworm,busybox}, only if missing
 bash scripts/build_gui_image.sh       # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
 bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed

@@ -46,6 +46,7 @@ COMPONENTS = {
     "swe-images": "one image per built-in SWE task (scripts/build_swe_images.py)",
     "swe-datasets": "datasets and pyarrow (extra [swe], also in [train]): dataset folders, Parquet, swebench's eval scripts",
     "train": "torch, transformers and TRL (extra [train])",
+    "integrations": "OpenEnv, verifiers and SkyRL-Gym (extra [integrations]): the trainer adapters",
 }
 
 

@@ -64,6 +64,7 @@ async def _episodes(config, policy, ids, concurrency=4, **env_kwargs):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 140 episodes; 364 s once at load 26 on 2 cores
 def test_every_builtin_task_oracle_passes_and_doing_nothing_fails(local_root):
     ids = sorted(TASKS)
     solved = asyncio.run(_episodes(local(local_root), ClawOraclePolicy(), ids))

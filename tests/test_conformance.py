@@ -326,7 +326,7 @@ def test_agent_token_is_not_readable_inside_the_sandbox(sandbox, backend_case):
     assert len(token) >= 32
     workdir = sandbox.exec("pwd").stdout.strip()
     # local-plain has no filesystem of its own: its /tmp is the host's, where the backend keeps
-    # meta.json (with the token) beside the workdir; see docs/backends.md
+    # the root's key (the token derives from it) beside the workdir; see docs/backends.md
     places = [workdir] + ([] if backend_case["config"].get("isolation") == "none" else ["/tmp"])
     uds = sandbox.record.endpoint.uds
     if uds:  # local: the run folder with the agent's socket, and the agent's code

@@ -129,7 +129,7 @@ def test_garbage_to_the_zygote_is_refused_and_it_keeps_serving(local_root):
         # a request: JSON of the right shape and the fds it announces, or an error naming the fault
         meta = {"sandbox_id": "sb-garbage", "workdir": str(local_root / "x/work"), "network": "none",
                 "socket": str(local_root / "x/run/agent.sock")}
-        good = zygote_request(meta, {"PATH": "/bin"}, ["--socket", meta["socket"]], [], [], 0, None)
+        good = zygote_request(meta, {"PATH": "/bin"}, ["--socket", meta["socket"]], [["ro", "/usr"]], 0, None)
         log = os.open(os.devnull, os.O_WRONLY)
         bad = [b"not json", b"[1, 2]", json.dumps({**good, "extra": 1}).encode(),
                json.dumps({**good, "workdir": "relative/work"}).encode(),
@@ -140,7 +140,11 @@ def test_garbage_to_the_zygote_is_refused_and_it_keeps_serving(local_root):
                json.dumps({**good, "agent_args": ["ok", 3]}).encode(),
                json.dumps({**good, "cgroup_fds": True}).encode(),
                json.dumps({**good, "job_cgroup_index": 0}).encode(),
-               json.dumps({**good, "v": 2}).encode()]
+               json.dumps({**good, "v": 2}).encode(),
+               json.dumps({**good, "view": [["ro", "/"]]}).encode(),
+               json.dumps({**good, "view": [["ro", "/usr/../etc"]]}).encode(),
+               json.dumps({**good, "view": [["bind", "/usr"]]}).encode(),
+               json.dumps({**good, "view": [["symlink", "/usr"]]}).encode()]
         try:
             for payload in bad:
                 assert _ask(zygote, payload, [log])["error"].startswith("refused"), payload

@@ -3,7 +3,7 @@
 Both live under the orchard cache (`$ORCHARD_CACHE`, default ~/.cache/orchard-gym), keyed
 by what is installed, built under a file lock (concurrent envs wait for one build) and
 marked ready only when complete, so a broken install is retried rather than reused.
-Local sandboxes see the host's file system read-only, so one install serves them all.
+Local sandboxes see the cache's harness folder read-only, so one install serves them all.
 """
 
 from __future__ import annotations

@@ -9,6 +9,12 @@ container backends.
 The env and the service agree on an HMAC key by Diffie-Hellman at start (before the
 policy acts); snapshots are signed over a fresh nonce, so only the real service can
 answer the grader.
+
+Nothing the env runs in the sandbox is a file there: the service's modules go over stdin to
+`claw_boot.py`'s text, run with `-c` in isolated mode (`-I`: only the interpreter's own,
+read-only library on the import path), and the relay is `-c` text too. The workdir's
+`.claw/` holds only the policy's own doors (the `claw` command line, the MCP server), which
+it may edit as it likes: they reach the service through the same checked socket protocol.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import hmac
 import json
 import secrets
 import shlex
+from functools import cache
 from pathlib import Path
 
 from orchard_gym.client import AsyncSandboxInstance
@@ -25,8 +32,9 @@ from orchard_gym.client import AsyncSandboxInstance
 from .sandbox import claw_tools
 from .sandbox.claw_service import DH_G, DH_P, dh_key
 
-SANDBOX_FILES = ["claw_tools.py", "claw_service.py", "claw_wire.py", "claw_cli.py", "claw_mcp.py", "claw_relay.py",
-                 "agentdojo_service.py"]
+POLICY_FILES = ["claw_wire.py", "claw_cli.py", "claw_mcp.py"]  # the policy's doors: files in its workdir
+SERVICE_MODULES = ["claw_tools", "claw_service"]  # sent to claw_boot on stdin, never files in the sandbox
+DOJO_MODULES = [*SERVICE_MODULES, "agentdojo_service"]
 SOURCE_DIR = Path(__file__).parent / "sandbox"
 STATE_DIR = ".claw"  # under the sandbox's working directory
 
@@ -55,6 +63,21 @@ def skill_markdown(tools: list[dict], claw: str) -> str:
     return "\n".join(lines)
 
 
+@cache
+def source(name: str) -> str:
+    return (SOURCE_DIR / name).read_text()
+
+
+def boot_argv(python: list[str]) -> list[str]:
+    """An isolated interpreter running claw_boot.py's text (it reads the modules from stdin)."""
+    return [*python, "-I", "-B", "-c", source("claw_boot.py")]
+
+
+def boot_header(modules: list[str], main: str) -> str:
+    """claw_boot's first stdin line: the modules' text, in import order, and which one's main() runs."""
+    return json.dumps({"modules": [[name, source(f"{name}.py")] for name in modules], "main": main})
+
+
 class ClawService:
     """The env's handle on one sandbox's service."""
 
@@ -71,6 +94,7 @@ class ClawService:
         return f"{self.home}/bin/claw"
 
     def argv(self, script: str, *args: str) -> list[str]:
+        """The command line of a script among the policy's files (tests drive the doors with it)."""
         return [*self.python, f"{self.home}/{script}", *args]
 
     @classmethod
@@ -82,8 +106,8 @@ class ClawService:
         base = sandbox.workdir or "/workspace"
         home = f"{base}/{STATE_DIR}"
         python = await agent_python(sandbox)
-        for name in SANDBOX_FILES:
-            await sandbox.upload_content((SOURCE_DIR / name).read_bytes(), f"{home}/{name}")
+        for name in POLICY_FILES:
+            await sandbox.upload_content(source(name).encode(), f"{home}/{name}")
         launcher = "#!/bin/sh\nexec " + " ".join(map(shlex.quote, [*python, f"{home}/claw_cli.py"])) + ' "$@"\n'
         await sandbox.upload_content(launcher.encode(), f"{home}/bin/claw", mode=0o755)
         mcp = "#!/bin/sh\nexec " + " ".join(map(shlex.quote, [*python, f"{home}/claw_mcp.py"])) + ' "$@"\n'
@@ -93,17 +117,17 @@ class ClawService:
         await sandbox.upload_content(skill_markdown(tools, "claw").encode(), f"{home}/SKILL.md")
         secret = secrets.randbelow(DH_P - 3) + 2
         config = {"seed": seed, "faults": faults, "allowed": allowed, "dh": str(pow(DH_G, secret, DH_P))}
-        service = [*python, f"{home}/claw_service.py"]
+        service, header = boot_argv(python), boot_header(SERVICE_MODULES, "claw_service")
         if world is not None:
             config.update(world)
-            probe = await sandbox.exec([world_python, "-c", "import agentdojo"], timeout=timeout)
+            probe = await sandbox.exec([world_python, "-I", "-c", "import agentdojo"], timeout=timeout)
             if probe.exit_code != 0:
                 raise ServiceError(f"this sandbox has no Python with agentdojo at {world_python} (AgentDojo tasks run "
                                    f"on the local backend, whose sandboxes see the host's cached venv): "
                                    f"{(probe.stderr or probe.stdout)[-300:]}")
-            service = [world_python, "-B", f"{home}/agentdojo_service.py"]
+            service, header = boot_argv([world_python]), boot_header(DOJO_MODULES, "agentdojo_service")
         r = await sandbox.exec([*service, "--socket", f"{home}/claw.sock"],
-                               stdin=json.dumps(config) + "\n", timeout=timeout)
+                               stdin=header + "\n" + json.dumps(config) + "\n", timeout=timeout)
         try:
             hello = json.loads(r.stdout.strip().splitlines()[-1])
             key = dh_key(int(hello["dh"]), secret)
@@ -113,8 +137,8 @@ class ClawService:
 
     async def request(self, request: dict, timeout: float = 60) -> dict:
         """One raw request through the relay in the sandbox; errors come back as answers."""
-        r = await self.sandbox.exec(self.argv("claw_relay.py", self.socket), stdin=json.dumps(request),
-                                    timeout=timeout)
+        relay = [*self.python, "-I", "-c", source("claw_relay.py"), self.socket]  # text: no file the policy edits
+        r = await self.sandbox.exec(relay, stdin=json.dumps(request), timeout=timeout)
         try:
             answer = json.loads(r.stdout)
         except ValueError:

@@ -1,7 +1,7 @@
 """Cached virtual environments with a task's test dependencies, built on the host.
 
-Local sandboxes see the host's file system read-only, so one venv per distinct set of
-requirements serves every sandbox of every task that needs it.
+Local sandboxes see the cache's venv folders read-only (backends/local_view.py), so one venv
+per distinct set of requirements serves every sandbox of every task that needs it.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-
-def cache_root() -> Path:
-    return Path(os.environ.get("ORCHARD_CACHE", Path.home() / ".cache" / "orchard-gym"))
+from orchard_gym.cache import cache_root
 
 
 def ensure_venv(requirements: list[str], root: Path | None = None) -> Path:

@@ -51,6 +51,7 @@ import jobs
 from common import DEFAULT_MAX_FILE, DEFAULT_MAX_OUTPUT
 from httpd import Handler, HTTPHandler, TCPHTTPServer, UnixHTTPServer, sha256
 from jobs import JobCgroups, Runner, _prctl_setup, _reaper_loop, _write_at, kill_marked
+from scope import scope_abstract_unix_sockets
 
 
 def _apply_limits(memory: int | None, cpus: float | None) -> None:
@@ -110,6 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cgroup-fd", type=int, action="append", default=[],
                    help="an open cgroup directory to join at start (repeatable)")
     p.add_argument("--job-cgroup-fd", type=int, help="an open cgroup directory to make per-command cgroups in")
+    p.add_argument("--scope-abstract-sockets", action="store_true",
+                   help="no connection to abstract unix sockets made outside (Landlock; fails where the kernel cannot)")
     p.add_argument("--max-file-size", type=int, default=DEFAULT_MAX_FILE,
                    help="largest file GET /files serves, bytes (past it: 413)")
     p.add_argument("--files-root", action="append", default=[],
@@ -155,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     _prctl_setup()
     _apply_limits(args.limit_memory, args.limit_cpus)
     _use_cgroups(args.cgroup_fd, args.job_cgroup_fd)
+    if args.scope_abstract_sockets:
+        scope_abstract_unix_sockets()  # before any command: every one inherits it
 
     if args.socket:
         server = UnixHTTPServer(args.socket, Handler)

@@ -1,6 +1,9 @@
 """Raw request relay for the env (door 1 and snapshots): stdin bytes -> service -> stdout.
 
-    python -I -S claw_relay.py SOCKET < request.json
+    python -I -S -c "$(cat claw_relay.py)" SOCKET < request.json
+
+Run as text (`-c`), never from a file in the sandbox, so the policy cannot edit what relays the
+env's requests (it could not forge a snapshot's signature anyway).
 
 Only builtin modules (`_socket`, no `json`, no `socket`): it starts in the time of a bare
 interpreter, which is most of a door-1 call's cost. The env parses and checks the answer.

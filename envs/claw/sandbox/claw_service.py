@@ -1,9 +1,12 @@
 """The Claw tool service: one process per sandbox holding the world, serving every door.
 
 Standard library only (it runs under the agent's own Python in any image). Started by the
-env at reset:
+env at reset through `claw_boot.py`, which compiles this module from text sent on stdin (no
+file of the sandbox is ever imported, and no import happens once it serves):
 
-    python -I -S -B claw_service.py --socket PATH  < one JSON line: {"seed", "faults", "allowed", "dh"}
+    python -I -S -B -c "$(cat claw_boot.py)" --socket PATH
+        < {"modules": [claw_tools, claw_service], "main": "claw_service"}
+          {"seed", "faults", "allowed", "dh"}                               (one JSON line each)
 
 It reads the task's configuration from stdin, agrees on a key with the env (Diffie-Hellman:
 the env's public value comes in, ours goes out on stdout, so the key never passes through
@@ -18,6 +21,11 @@ Requests on the unix socket, one JSON object per connection (the client half-clo
 The snapshot (world state + call log + nonce) is what the grader reads: a policy that edits
 files or replaces this process cannot produce a payload with a valid MAC for a fresh nonce.
 Every call, from whichever door, is logged here (tool, arguments, result, error, fault, time).
+
+A request is bounded (MAX_REQUEST bytes, MAX_DEPTH levels of nesting, MAX_NUMBER characters
+per number, READ_TIMEOUT to arrive, MAX_CONNECTIONS at once) and anything it makes go wrong
+comes back as an error answer: no request reaches an error path of its own (socketserver's
+would import `traceback`), and the service keeps answering.
 """
 
 from __future__ import annotations
@@ -37,12 +45,15 @@ import time
 
 try:  # in the package on the host
     from . import claw_tools
-except ImportError:  # a script in the sandbox (-I leaves the script's folder off sys.path)
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import claw_tools  # noqa: E402
+except ImportError:  # in the sandbox: claw_boot.py put it in sys.modules (never from a file there)
+    import claw_tools
 
-MAX_REQUEST = 16 * 1024 * 1024  # bytes read from one connection
+MAX_REQUEST = 4 * 1024 * 1024   # bytes read from one connection
 MAX_ARGS = 1024 * 1024          # bytes of JSON arguments one call may carry
+MAX_DEPTH = 32                  # levels of arrays and objects in one request
+MAX_NUMBER = 64                 # characters of one JSON number (10**100000 is not an argument)
+MAX_CONNECTIONS = 32            # requests in flight at once; more are told to retry
+READ_TIMEOUT = 30.0             # seconds a request may take to arrive
 FAULT_DELAY = 0.2               # seconds an injected timeout stalls before failing
 FAULT_TEXT = {
     "rate_limit": "429 Too Many Requests: rate limit exceeded for {tool}; retry in a moment",
@@ -109,7 +120,7 @@ class World:
 
     def _call(self, tool, args, size: int, entry: dict) -> dict:
         if not isinstance(tool, str) or tool not in claw_tools.TOOLS:
-            return {"ok": False, "error": f"unknown tool {tool!r}; `claw --list` shows the tools"}
+            return {"ok": False, "error": f"unknown tool {_clip(repr(tool))}; `claw --list` shows the tools"}
         if tool not in self.allowed:
             return {"ok": False, "error": f"tool {tool!r} is not available in this task"}
         if size > MAX_ARGS:
@@ -177,23 +188,29 @@ class Service:
             payload = canonical(body)
             mac = hmac.new(self.key, payload.encode(), hashlib.sha256).hexdigest()
             return {"ok": True, "payload": payload, "mac": mac}
-        return {"ok": False, "error": f"unknown op {op!r}; use call, list, snapshot or health"}
+        return {"ok": False, "error": f"unknown op {_clip(repr(op))}; use call, list, snapshot or health"}
 
 
 def read_request(conn: socket.socket) -> bytes | None:
-    chunks, size = [], 0
+    """The request's bytes, or None when more than MAX_REQUEST came: the rest is read and dropped
+    (for READ_TIMEOUT at most), so that the caller's send completes and it gets the error answer."""
+    chunks, size, deadline = [], 0, time.monotonic() + READ_TIMEOUT
     while True:
         data = conn.recv(65536)
         if not data:
-            return b"".join(chunks)
+            return b"".join(chunks) if size <= MAX_REQUEST else None
         size += len(data)
-        if size > MAX_REQUEST:
-            return None
-        chunks.append(data)
+        if size <= MAX_REQUEST:
+            chunks.append(data)
+        elif chunks:
+            chunks = []  # over the limit: keep nothing
+        if time.monotonic() > deadline:
+            raise TimeoutError("the request took longer than READ_TIMEOUT to arrive")
 
 
 def decode(raw: bytes | None):
-    """Request bytes -> object, or an error answer (too big, not UTF-8, not JSON)."""
+    """Request bytes -> object, or an error answer (too big, not UTF-8, not JSON, too deep,
+    a number too long or not finite)."""
     if raw is None:
         return {"ok": False, "error": f"request too large (the limit is {MAX_REQUEST} bytes)"}, False
     try:
@@ -201,26 +218,95 @@ def decode(raw: bytes | None):
     except UnicodeDecodeError as e:
         return {"ok": False, "error": f"request is not valid UTF-8 (byte {e.start})"}, False
     try:
-        return json.loads(text), True
+        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except RecursionError:
+        return {"ok": False, "error": f"request nested too deeply (the limit is {MAX_DEPTH} levels)"}, False
     except ValueError as e:
-        return {"ok": False, "error": f"request is not valid JSON: {e}"}, False
+        return {"ok": False, "error": f"request is not valid JSON: {_clip(str(e))}"}, False
+    if _deeper_than(value, MAX_DEPTH):
+        return {"ok": False, "error": f"request nested too deeply (the limit is {MAX_DEPTH} levels)"}, False
+    return value, True
+
+
+def _int(text: str) -> int:
+    if len(text) > MAX_NUMBER:
+        raise ValueError(f"a number of {len(text)} characters (the limit is {MAX_NUMBER})")
+    return int(text)
+
+
+def _float(text: str) -> float:
+    if len(text) > MAX_NUMBER:
+        raise ValueError(f"a number of {len(text)} characters (the limit is {MAX_NUMBER})")
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{_clip(text)} is out of range")
+    return value
+
+
+def _constant(text: str):
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _deeper_than(value, limit: int) -> bool:
+    """Whether arrays/objects nest more than `limit` levels (iterative: no recursion to run out of)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _clip(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def respond(service: Service, raw: bytes | None) -> bytes:
+    """The answer to one request's bytes; whatever goes wrong is an error answer, never an exception."""
+    try:
+        request, ok = decode(raw)
+        return json.dumps(service.handle(request) if ok else request, ensure_ascii=True).encode()
+    except Exception as e:  # RecursionError, MemoryError, a bug: this request fails, the service goes on
+        try:
+            why = f"{type(e).__name__}: {_clip(str(e))}"
+        except Exception:
+            why = type(e).__name__
+        return json.dumps({"ok": False, "error": f"the service could not handle this request ({why})"}).encode()
+
+
+BUSY = json.dumps({"ok": False, "error": f"the service is busy ({MAX_CONNECTIONS} requests in flight); "
+                                         "try again"}).encode()
 
 
 def serve(service: Service, listener: socket.socket) -> None:
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
     class Handler(socketserver.BaseRequestHandler):
         def handle(self):
             try:
-                request, ok = decode(read_request(self.request))
-                answer = service.handle(request) if ok else request
-                self.request.sendall(json.dumps(answer, ensure_ascii=True).encode())
+                self.request.settimeout(READ_TIMEOUT)
+                if not slots.acquire(blocking=False):
+                    self.request.sendall(BUSY)
+                    return
+                try:
+                    self.request.sendall(respond(service, read_request(self.request)))
+                finally:
+                    slots.release()
             except OSError:
-                pass  # the caller went away
+                pass  # the caller went away, or took longer than READ_TIMEOUT
 
     class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         daemon_threads = True
 
         def server_bind(self):  # the socket is bound already (before the fork)
             pass
+
+        def handle_error(self, request, client_address):
+            pass  # socketserver's would import and print `traceback`; `respond` leaves nothing to report
 
     server = Server(listener.getsockname(), Handler, bind_and_activate=False)
     server.socket.close()
@@ -239,27 +325,33 @@ def harden() -> bool:
         return False
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--socket", required=True)
-    p.add_argument("--foreground", action="store_true", help="serve in this process (tests, debugging)")
-    opts = p.parse_args(argv)
+def sealed(hardened: bool, seal) -> tuple[bool, list]:
+    """Close imports (claw_boot's guard) before the first request; hardened only if the process is
+    non-dumpable, sealed, and loaded no code from a place it (and so the policy) could write."""
+    if seal is None:
+        return False, []
+    writable = seal()
+    return hardened and not writable, writable[:8]
+
+
+def run(socket_path: str, config: dict, make_world, seal=None, foreground: bool = False) -> int:
+    """Start a world service (this one, or agentdojo_service's): harden, agree on the key, build
+    the world (`make_world(config)`), bind, seal imports, say hello, go to the background, serve."""
     hardened = harden()
-    config = json.loads(sys.stdin.readline())
     ours = secrets.randbelow(DH_P - 3) + 2
     key = dh_key(int(config["dh"]), ours)
-    world = World(config.get("seed") or {}, config.get("faults"), config.get("allowed"),
-                  float(config.get("fault_delay", FAULT_DELAY)))
-    if os.path.exists(opts.socket):
-        os.unlink(opts.socket)
+    world = make_world(config)
+    if os.path.exists(socket_path):
+        os.unlink(socket_path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(opts.socket)
+    listener.bind(socket_path)
     listener.listen(64)
-    hello = json.dumps({"dh": str(pow(DH_G, ours, DH_P)), "hardened": hardened})
-    if not opts.foreground and os.fork() > 0:
+    hardened, writable = sealed(hardened, seal)
+    hello = json.dumps({"dh": str(pow(DH_G, ours, DH_P)), "hardened": hardened, "writable_code": writable})
+    if not foreground and os.fork() > 0:
         print(hello, flush=True)
         os._exit(0)
-    if not opts.foreground:
+    if not foreground:
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):  # release the exec's pipes so the launching command ends now
@@ -269,6 +361,21 @@ def main(argv=None) -> int:
     serve(Service(world, key, hardened), listener)
     return 0
 
+
+def main(argv=None, seal=None) -> int:
+    """`seal`: claw_boot's import guard closing (no import from then on); it returns the
+    writable places code was loaded from, if any (then the service is not `hardened`)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--socket", required=True)
+    p.add_argument("--foreground", action="store_true", help="serve in this process (tests, debugging)")
+    opts = p.parse_args(argv)
+    config = json.loads(sys.stdin.readline())
+
+    def make_world(config: dict) -> World:
+        return World(config.get("seed") or {}, config.get("faults"), config.get("allowed"),
+                     float(config.get("fault_delay", FAULT_DELAY)))
+
+    return run(opts.socket, config, make_world, seal, opts.foreground)
 
 if __name__ == "__main__":
     sys.exit(main())

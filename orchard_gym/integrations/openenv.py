@@ -1,0 +1,201 @@
+"""Orchard envs as OpenEnv servers, and OpenEnv servers as Gymnasium envs (`openenv` 0.10).
+
+Serve (or `orchard serve-env Orchard/Claw-v0 --port 8010`):
+
+    from orchard_gym.integrations.openenv import create_app
+    app = create_app("Orchard/Claw-v0", backend={"type": "local"}, max_sessions=8, session_timeout=600)
+    # uvicorn.run(app, port=8010): OpenEnv's /reset /step /state /schema /health /ws
+
+Drive it with OpenEnv's own client:
+
+    from openenv.core.generic_client import GenericEnvClient
+    with GenericEnvClient(base_url="http://127.0.0.1:8010").sync() as env:
+        first = env.reset(task_id="mail-reply-001")        # observation: text, tools, task_id
+        result = env.step({"tool": "mail_list_messages", "arguments": {}})
+        result = env.step({"tool": "submit", "arguments": {}})
+        result.reward, result.done                          # the env's graded reward, True
+
+The app is built by OpenEnv's own `create_app`: each WebSocket session gets its own env
+instance (one sandbox, provisioned at `reset`, deleted when the session ends), sessions are
+capped at `max_sessions` and idle ones reaped after `session_timeout` seconds by OpenEnv's
+reaper. All sessions share one sandbox client (`EnvHub`). An episode that errored (the
+sandbox died, the task could not be graded) ends with `reward=None` and `error` set in the
+observation: never a silent 0.0.
+
+The other way, `gym.make("Orchard/OpenEnv-v0", url=...)` is a Gymnasium env over any OpenEnv
+server (text observations; dict actions as that server's schema says; for Orchard servers a
+tool call `{"name": ..., "arguments": ...}` or `{"tool": ..., "arguments": ...}`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import gymnasium as gym
+from openenv.core.env_server.http_server import create_app as openenv_create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, ConcurrencyConfig, EnvironmentMetadata, Observation, State
+from pydantic import Field
+
+from orchard_gym.envs.spaces import AgentAction, UnicodeText
+
+from .core import EnvHub, Episode, EpisodeOver
+
+
+class OrchardAction(Action):
+    """One tool call."""
+
+    tool: str = Field(description="the tool's name (see the reset observation's `tools`)")
+    arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
+
+
+class OrchardObservation(Observation):
+    text: str = Field("", description="the env's observation: the task at reset, the tool's output after a step")
+    task_id: str | None = None
+    tools: list[dict] = Field(default_factory=list, description="OpenAI-style tool schemas (at reset)")
+    action_error: str | None = Field(None, description="why the action was refused (the episode goes on)")
+    error: str | None = Field(None, description="why the episode errored: its reward is not a grade")
+    report: dict = Field(default_factory=dict, description="the grader's report (at the end)")
+
+
+class OrchardState(State):
+    task_id: str | None = None
+    done: bool = False
+
+
+class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardState]):
+    """One OpenEnv session: one Orchard episode (a sandbox from reset to close)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, hub: EnvHub):
+        super().__init__()
+        self.hub = hub
+        self.episode: Episode = hub.episode()
+        self._state = OrchardState()
+
+    async def _on_loop(self, coro):
+        return await asyncio.wrap_future(self.hub.submit(coro))
+
+    async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
+                          task_id: str | None = None, **kwargs: Any) -> OrchardObservation:
+        if task_id is not None:
+            self.hub.check_task(task_id)
+        text = await self._on_loop(self.episode.start(task_id, seed))
+        task = self.episode.env.trajectory.task_id
+        self._state = OrchardState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, task_id=task)
+        return OrchardObservation(text=text, task_id=task, tools=self.hub.tool_schemas)
+
+    async def step_async(self, action: OrchardAction, timeout_s: float | None = None,
+                         **kwargs: Any) -> OrchardObservation:
+        call = {"name": action.tool, "arguments": action.arguments}
+        try:
+            text, reward, terminated, truncated, info = await self._on_loop(self.episode.step(call))
+        except EpisodeOver as e:
+            outcome = self.episode.outcome
+            self._state.done = True
+            return OrchardObservation(text=str(e), task_id=self._state.task_id, done=True, reward=None,
+                                      error=outcome.error if outcome else str(e))
+        self._state.step_count += 1
+        done = terminated or truncated
+        obs = OrchardObservation(text=text, task_id=self._state.task_id, done=done,
+                                 action_error=info.get("action_error"))
+        if done:
+            outcome = self.episode.outcome
+            self._state.done = True
+            obs.reward, obs.error, obs.report = outcome.reward, outcome.error, _jsonable(outcome.report)
+        return obs
+
+    def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
+              **kwargs: Any) -> OrchardObservation:
+        return self.hub.run(self.reset_async(seed, episode_id, task_id))
+
+    def step(self, action: OrchardAction, timeout_s: float | None = None, **kwargs: Any) -> OrchardObservation:
+        return self.hub.run(self.step_async(action))
+
+    @property
+    def state(self) -> OrchardState:
+        return self._state
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(name=self.hub.env_id, description=(self.hub.probe.__doc__ or "").strip()[:500])
+
+    def close(self) -> None:
+        self.hub.run(self.episode.release())
+
+
+def _jsonable(report: dict) -> dict:
+    return json.loads(json.dumps(report, default=str))
+
+
+def create_app(env_id: str, *, max_sessions: int = 8, session_timeout: float | None = 600.0, **env_kwargs: Any):
+    """OpenEnv's FastAPI app over `env_id` (env_kwargs as `gym.make` takes them)."""
+    hub = EnvHub(env_id, **env_kwargs)
+    app = openenv_create_app(lambda: OrchardEnvironment(hub), OrchardAction, OrchardObservation,
+                             env_name=env_id.replace("/", "-"), state_cls=OrchardState,
+                             concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
+                                                                  session_timeout=session_timeout))
+    app.state.orchard_hub = hub
+    app.router.on_shutdown.append(lambda: asyncio.wrap_future(hub.submit(hub.aclose())))
+    return app
+
+
+def serve(env_id: str, *, host: str = "127.0.0.1", port: int = 8010, **kwargs: Any) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(env_id, **kwargs), host=host, port=port)
+
+
+class OpenEnvEnv(gym.Env):
+    """Gymnasium env over an OpenEnv server at `url` (OpenEnv's own sync client, one session)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, url: str, observation_max_length: int = 1_000_000):
+        from openenv.core.generic_client import GenericEnvClient
+
+        self.url = url
+        self.client = GenericEnvClient(base_url=url).sync()
+        self.observation_space = UnicodeText(observation_max_length)
+        self.action_space = AgentAction(1_000_000)
+        self._connected = False
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        if not self._connected:
+            self.client.connect()
+            self._connected = True
+        kwargs = dict(options or {})
+        if seed is not None:
+            kwargs["seed"] = seed
+        result = self.client.reset(**kwargs)
+        obs = result.observation
+        return _text(obs), {k: v for k, v in obs.items() if k != "text"}
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if isinstance(action, dict) and "name" in action and "tool" not in action:  # OpenAI-style tool call
+            fn = action.get("function", action)
+            args = fn.get("arguments") or {}
+            action = {"tool": fn["name"], "arguments": json.loads(args) if isinstance(args, str) else args}
+        result = self.client.step(action)
+        obs = dict(result.observation)
+        info = {k: v for k, v in obs.items() if k != "text"}
+        reward = result.reward
+        if result.done and reward is None:  # an errored episode: no grade, said in info
+            info.setdefault("error", "the server gave no reward")
+        return _text(obs), float(reward or 0.0), bool(result.done), False, info
+
+    def close(self) -> None:
+        if self._connected:
+            self.client.close()
+            self._connected = False
+
+
+def _text(obs: dict) -> str:
+    return obs["text"] if isinstance(obs.get("text"), str) else json.dumps(obs)
+
+
+__all__ = ["OpenEnvEnv", "OrchardAction", "OrchardEnvironment", "OrchardObservation", "create_app", "serve"]

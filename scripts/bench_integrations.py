@@ -1,0 +1,140 @@
+"""Per-step overhead of each trainer adapter against `env.step`, measured in the same run.
+
+    .venv/bin/python scripts/bench_integrations.py [--steps 40] [--root /tmp/og-bench]
+
+Orchard/Toy-v0 on the local backend; every path runs the same action (`bash true`) the same
+number of times on one episode, after one warm-up step:
+- `env.step`         the Gymnasium env (the baseline);
+- `core`             `Episode.step` (orchard_gym.integrations.core) from a sync caller;
+- `trl`              the TRL environment's tool method, awaited on another event loop, as
+                     TRL's tool loop does;
+- `openenv`          OpenEnv's own sync client over WebSocket to `create_app` on this machine;
+- `skyrl`            SkyRL-Gym's `env.step` with the model's text (parsed by Orchard).
+Prints ms/step and the ratio to `env.step`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import gymnasium as gym
+
+import orchard_gym  # noqa: F401
+
+ACTION = {"name": "bash", "arguments": {"command": "true"}}
+TASK = "write-000"
+
+
+def timed(step, n: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1000
+
+
+def bench_gym(backend, n):
+    env = gym.make("Orchard/Toy-v0", backend=backend, max_steps=n + 5)
+    env.reset(options={"task_id": TASK})
+    try:
+        return timed(lambda: env.step(ACTION), n)
+    finally:
+        env.close()
+
+
+def bench_core(backend, n):
+    from orchard_gym.integrations.core import EnvHub
+
+    hub = EnvHub("Orchard/Toy-v0", backend=backend, max_steps=n + 5)
+    episode = hub.episode()
+    hub.run(episode.start(TASK))
+    try:
+        return timed(lambda: hub.run(episode.step(ACTION)), n)
+    finally:
+        hub.close()
+
+
+def bench_trl(backend, n):
+    from orchard_gym.integrations.trl import environment_factory
+
+    factory = environment_factory("Orchard/Toy-v0", backend=backend, max_steps=n + 5)
+    env = factory()
+    env.reset(task_id=TASK)
+    loop = asyncio.new_event_loop()  # TRL's own async loop stands apart from the package's
+    try:
+        return timed(lambda: loop.run_until_complete(env.bash(command="true")), n)
+    finally:
+        loop.close()
+        factory.close()
+
+
+def bench_openenv(backend, n):
+    import uvicorn
+    from openenv.core.generic_client import GenericEnvClient
+
+    from orchard_gym.integrations.openenv import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app("Orchard/Toy-v0", backend=backend, max_steps=n + 5),
+                                           host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        with GenericEnvClient(base_url=f"http://127.0.0.1:{port}").sync() as client:
+            client.reset(task_id=TASK)
+            return timed(lambda: client.step({"tool": "bash", "arguments": {"command": "true"}}), n)
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def bench_skyrl(backend, n):
+    import skyrl_gym
+
+    from orchard_gym.integrations.skyrl import register_envs
+
+    register_envs(["Orchard/Toy-v0"])
+    env = skyrl_gym.make("Orchard/Toy-v0", env_config={"backend": backend, "max_steps": n + 5},
+                         extras={"task_id": TASK})
+    env.init([])
+    text = f"<tool_call>{json.dumps(ACTION)}</tool_call>"
+    try:
+        return timed(lambda: env.step(text), n)
+    finally:
+        env.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--root", default="/tmp/og-bench-integrations")
+    args = parser.parse_args()
+    Path(args.root).mkdir(parents=True, exist_ok=True)
+    backend = {"type": "local", "root": args.root}
+    base = bench_gym(backend, args.steps)
+    print(f"{'path':<10} {'ms/step':>8} {'x env.step':>11}")
+    print(f"{'env.step':<10} {base:8.2f} {1.0:11.2f}")
+    for name, bench in (("core", bench_core), ("trl", bench_trl), ("openenv", bench_openenv), ("skyrl", bench_skyrl)):
+        try:
+            ms = bench(backend, args.steps)
+        except ImportError as e:
+            print(f"{name:<10} skipped: {e}")
+            continue
+        print(f"{name:<10} {ms:8.2f} {ms / base:11.2f}")
+
+
+if __name__ == "__main__":
+    main()
