@@ -160,7 +160,7 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
               help="'builtin', a JSON/JSONL/Parquet file, a folder or a Hugging Face dataset name")
 @click.option("--split", default=None, help="split of a dataset folder or hub dataset (SWE)")
 @click.option("--image-prefix", default=None, help="registry/namespace replacing that of the task images (SWE)")
-@click.option("--policy", default="oracle", show_default=True, help="oracle | openai:URL#MODEL")
+@click.option("--policy", default="oracle", show_default=True, help="oracle | nothing | openai:URL#MODEL")
 @click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
 @click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
 @click.option("--model-api-key", envvar="OPENAI_API_KEY", help="API key of the model endpoint")
@@ -204,14 +204,16 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
     from .client import AsyncSandboxClient
     from .envs.rollout import run_episodes
-    from .policies import OpenAIPolicy, OraclePolicy
+    from .policies import NothingPolicy, OpenAIPolicy, OraclePolicy
 
     if policy == "oracle":
         agent = OraclePolicy()
+    elif policy == "nothing":  # a do-nothing baseline: every grader should give it 0
+        agent = NothingPolicy()
     elif policy.startswith("openai:"):
         agent = OpenAIPolicy(policy[len("openai:"):], api_key=model_api_key)
     else:
-        raise click.BadParameter("use oracle or openai:URL#MODEL", param_hint="--policy")
+        raise click.BadParameter("use oracle, nothing or openai:URL#MODEL", param_hint="--policy")
     try:
         spec = gym.spec(env_id)
     except gym.error.Error as e:
@@ -287,7 +289,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
                f"infrastructure errors {len(results) - len(ok) - broken}; broken tasks {broken}; tampering {tampered}")
     if results:
         steps = sum(t.steps for t in results) / len(results)
-        secs = sum((t.ended_at or t.started_at) - t.started_at for t in results) / len(results)
+        secs = sum(max(0.0, (t.ended_at or t.started_at) - t.started_at) for t in results) / len(results)
         click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
         _echo_pass_at_k(results, attempts)
         from .ledger import format_summary, summarize
@@ -529,11 +531,13 @@ def plot_cmd(run_dir, out) -> None:
         raise click.ClickException(str(e)) from None
 
 
-from .cli_tasks import tasks_group  # noqa: E402 - commands of their own modules
+from .cli_export import export_cmd  # noqa: E402 - commands of their own modules
+from .cli_tasks import tasks_group  # noqa: E402
 from .cli_value import pool_group, train_sft_cmd, value_group  # noqa: E402
 from .cli_view import view_cmd  # noqa: E402
 
 main.add_command(tasks_group)
+main.add_command(export_cmd)
 main.add_command(view_cmd)
 main.add_command(pool_group)
 main.add_command(value_group)

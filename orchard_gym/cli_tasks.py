@@ -17,10 +17,15 @@ def tasks_group() -> None:
                                               "swe-smith, orchard)")
 @click.option("--strict", is_flag=True, help="warnings fail too (exit status 1)")
 def check_cmd(source, split, dataset, strict) -> None:
-    """Validate a task file and warn about what silently breaks grading.
+    """Validate a task file and warn about what silently breaks grading (Harbor task folders too:
+    each task that cannot run is listed with its reason).
 
-    Example: orchard tasks check my_tasks.jsonl
+    Example: orchard tasks check my_tasks.jsonl; orchard tasks check path/to/harbor-tasks
     """
+    from orchard_gym.envs.harbor.tasks import looks_like_harbor
+
+    if looks_like_harbor(source):
+        return _check_harbor(source, strict)
     from orchard_gym.envs.swe.task_check import check_tasks
 
     count, problems = check_tasks(source, split, dataset)
@@ -31,3 +36,49 @@ def check_cmd(source, split, dataset, strict) -> None:
     click.echo(f"{count} task(s) read: {errors} error(s), {warnings} warning(s)")
     if errors or (strict and warnings):
         raise SystemExit(1)
+
+
+def _check_harbor(source: str, strict: bool) -> None:
+    from orchard_gym.envs.harbor.tasks import load_tasks
+
+    try:
+        tasks, problems = load_tasks(source)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="SOURCE") from None
+    for p in problems:
+        click.echo(str(p), err=p.severity == "error")
+    errors = sum(p.severity == "error" for p in problems)
+    click.echo(f"{len(tasks)} Harbor task(s) can run; {errors} skipped (error), "
+               f"{len(problems) - errors} warning(s)")
+    if errors or (strict and len(problems) > errors):
+        raise SystemExit(1)
+
+
+@tasks_group.command("export")
+@click.option("--format", "fmt", type=click.Choice(["harbor"]), default="harbor", show_default=True)
+@click.option("--env", "env_id", default="Orchard/Toy-v0", show_default=True, help="registered env id")
+@click.option("--env-kwargs", default="{}", show_default=True, help="env kwargs as JSON (e.g. its tasks)")
+@click.option("--base-image", default="localhost/orchard/bookworm:latest", show_default=True,
+              help="FROM of the Dockerfiles written")
+@click.option("--out", type=click.Path(file_okay=False), required=True, help="folder for the task folders")
+def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
+    """Write an env's tasks as Harbor task folders (Toy-style tasks: files + a shell check).
+
+    Example: orchard tasks export --format harbor --env Orchard/Toy-v0 --out harbor-toy
+    """
+    import json
+    from pathlib import Path
+
+    import gymnasium as gym
+
+    from orchard_gym.envs.harbor.export import export_tasks
+
+    try:
+        env = gym.spec(env_id).make(**json.loads(env_kwargs), backend={"type": "local"}).unwrapped
+    except (gym.error.Error, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--env / --env-kwargs") from None
+    try:
+        folders = export_tasks({t: env.get_task(t) for t in env.task_ids()}, Path(out), env_id, base_image)
+    except ValueError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt})")

@@ -18,6 +18,7 @@ ENVS = {
     "Orchard/ToyColour-v0": "orchard_gym.envs.toy.colour:ColourEnv",
     "Orchard/Claw-v0": "orchard_gym.envs.claw.env:ClawEnv",
     "Orchard/GUI-v0": "orchard_gym.envs.gui.env:GUIEnv",
+    "Orchard/Harbor-v0": "orchard_gym.envs.harbor.env:HarborEnv",
     "Orchard/OpenEnv-v0": "orchard_gym.integrations.openenv:OpenEnvEnv",  # any OpenEnv server, by url=
 }
 

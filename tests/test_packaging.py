@@ -10,7 +10,7 @@ import zipfile
 
 from conftest import REPO
 
-NAMESPACED = ["orchard_gym.backends.local", "orchard_gym.envs", "orchard_gym.wrappers", "orchard_gym.algos"]
+NAMESPACED = ["orchard_gym.backends.local", "orchard_gym.envs", "orchard_gym.envs.harbor.env", "orchard_gym.wrappers", "orchard_gym.algos"]
 
 
 def test_wheel_installs_only_orchard_gym(tmp_path):

@@ -1,4 +1,4 @@
-"""Red team: Harbor task verifiers (envs/claw/verifier.py) against a policy that plays dirty.
+"""Red team: Harbor task verifiers (envs/harbor/verifier.py) against a policy that plays dirty.
 
 Each test plays an attack through `env.step` (bash only, as a policy would) and checks that it
 earns nothing: a module named like the standard library in the working directory, files planted
@@ -19,7 +19,7 @@ import pytest
 
 import orchard_gym  # noqa: F401
 from orchard_gym._loop import LoopThread
-from orchard_gym.envs.claw.harbor import HarborEnv
+from orchard_gym.envs.harbor.env import HarborEnv
 
 from conftest import docker_engine, needs, needs_bwrap
 
@@ -311,7 +311,7 @@ def test_a_sandbox_that_can_read_the_task_folder_is_refused(local_root):
 
 def test_copies_are_hidden_too(tmp_path):
     """The backend config HarborEnv gives its client lists every task folder it loaded."""
-    from orchard_gym.envs.claw.harbor import hide_task_folders
+    from orchard_gym.envs.harbor.env import hide_task_folders
 
     shutil.copytree(DATA, tmp_path / "h")
     roots = [tmp_path / "h" / "six-version", tmp_path / "h" / "sum-numbers"]

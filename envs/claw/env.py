@@ -80,10 +80,11 @@ class ClawEnv(SandboxEnv):
     forks_midway = False  # the tool server's world state lives in its process, which snapshots do not keep
 
     def __new__(cls, *args: Any, tasks: Any = "builtin", **kwargs: Any):
-        from .harbor import HarborEnv, is_harbor  # Harbor / Terminal-Bench task folders (harbor.py)
+        from ..harbor.env import HarborEnv  # Harbor task folders: Orchard/Harbor-v0 (envs/harbor)
+        from ..harbor.tasks import is_harbor
 
         if cls is ClawEnv and is_harbor(tasks):
-            return HarborEnv(tasks=tasks, **kwargs)
+            return HarborEnv(tasks=tasks.removeprefix("harbor:") if isinstance(tasks, str) else tasks, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,

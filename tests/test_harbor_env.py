@@ -1,18 +1,20 @@
-"""Harbor / Terminal-Bench task folders through Orchard/Claw-v0 (envs/claw/harbor.py), end to end
-with the tasks' own verifiers: local (bwrap, a host venv) and docker (an image built from the
+"""Harbor task folders through Orchard/Harbor-v0 (envs/harbor/), end to end with the tasks' own
+verifiers: local (bwrap, the Dockerfile's steps as set-up) and docker (an image built from the
 task's Dockerfile)."""
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import time
 from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
 import orchard_gym  # noqa: F401
-from orchard_gym.envs.claw.harbor import HarborEnv, HarborOraclePolicy, load_harbor, pip_only
+from orchard_gym.envs.harbor.dockerfile import pip_packages
+from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy, load_harbor
 
 from conftest import docker_engine, needs, needs_bwrap
 
@@ -22,7 +24,7 @@ _GATEWAY, _WHY_NOT = docker_engine()
 
 def backends():
     return [
-        pytest.param("local", "six-version", id="local-bwrap",
+        pytest.param("local", "sum-numbers", id="local-bwrap",
                      marks=needs_bwrap),
         pytest.param("docker", "sum-numbers", id="docker",
                      marks=[pytest.mark.docker, needs("docker", None if _GATEWAY else _WHY_NOT)]),
@@ -34,7 +36,7 @@ def _config(kind: str, root: Path) -> dict:
 
 
 def make(kind: str, root: Path, tasks: Path | str = DATA) -> HarborEnv:
-    env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{tasks}", backend=_config(kind, root)).unwrapped
+    env = gym.make("Orchard/Harbor-v0", tasks=str(tasks), backend=_config(kind, root)).unwrapped
     assert isinstance(env, HarborEnv)
     return env
 
@@ -61,7 +63,7 @@ def test_oracle_passes_and_doing_nothing_fails(kind, task_id, local_root):
         # on local, /app is the sandbox's working directory: the instruction says so relatively
         assert obs == (instruction.replace("/app/", "") if kind == "local" else instruction)
         assert [t["function"]["name"] for t in info["tools"]] == ["bash", "submit"]
-        assert env.max_seconds == load_harbor(f"harbor:{DATA}")[task_id].agent_timeout  # task.toml [agent]
+        assert env.max_seconds == load_harbor(str(DATA / task_id))[task_id].agent_timeout  # task.toml [agent]
         _, reward, term, _, info = play_oracle(env)
         assert (reward, term, info["report"]["reward"]) == (1.0, True, 1.0)
         assert env.trajectory.ok
@@ -102,16 +104,16 @@ def test_a_garbage_or_missing_reward_errors_the_trajectory(kind, task_id, verifi
         env.close()
 
 
-def test_local_refuses_a_dockerfile_it_cannot_reproduce(local_root):
-    assert pip_only((DATA / "sum-numbers" / "environment" / "Dockerfile").read_text()) is None
-    env = make("local", local_root)
-    try:
-        with pytest.raises(gym.error.Error, match=r"backend=\{'type': 'docker'\}"):
-            env.reset(options={"task_id": "sum-numbers"})
-    finally:
-        env.close()
+def test_local_needs_bwrap_and_claw_v0_still_makes_harbor_envs(local_root):
+    with pytest.warns(DeprecationWarning):
+        import importlib
+
+        import orchard_gym.envs.claw.harbor as old
+        importlib.reload(old)  # the old import path still works, with a warning
+    assert old.HarborEnv is HarborEnv
     plain = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}",
                      backend={"type": "local", "isolation": "none", "root": str(local_root)}).unwrapped
+    assert isinstance(plain, HarborEnv)
     try:
         with pytest.raises(gym.error.Error, match="isolation='bwrap'"):
             plain.reset(options={"task_id": "six-version"})
@@ -128,13 +130,11 @@ def test_other_backends_are_refused_clearly():
         env.close()
 
 
-def test_pip_only_dockerfiles():
-    assert pip_only("FROM python:3.12\nRUN pip install six 'attrs==23.1'\n") == ["six", "attrs==23.1"]
-    assert pip_only("# c\nFROM x\nRUN python3 -m pip install --no-cache-dir \\\n  six\n") == ["six"]
-    assert pip_only("FROM x\n") == []
-    for dockerfile in ("FROM x\nRUN apt-get install -y jq\n", "FROM x\nCOPY a /a\n", "RUN pip install six\n",
-                       "FROM x\nRUN pip install -r req.txt\n", "", "FROM x\nRUN pip install six && rm -rf /\n"):
-        assert pip_only(dockerfile) is None, dockerfile
+def test_pip_only_run_lines():
+    assert pip_packages("pip install six 'attrs==23.1'") == ["six", "attrs==23.1"]
+    assert pip_packages("python3 -m pip install --no-cache-dir six") == ["six"]
+    for command in ("apt-get install -y jq", "pip install -r req.txt", "pip install six && rm -rf /"):
+        assert pip_packages(command) is None, command
 
 
 def test_bad_task_folders_get_clear_errors(tmp_path):
@@ -142,6 +142,7 @@ def test_bad_task_folders_get_clear_errors(tmp_path):
         load_harbor(f"harbor:{tmp_path}/nowhere")
     with pytest.raises(ValueError, match="no Harbor task folders"):
         load_harbor(f"harbor:{tmp_path}")
+    assert load_harbor(f"harbor:{DATA}/sum-numbers")["sum-numbers"].agent_timeout == 300.0
     task = tmp_path / "t"
     shutil.copytree(DATA / "sum-numbers", task)
     (task / "tests" / "test.sh").unlink()
@@ -156,8 +157,7 @@ def test_bad_task_folders_get_clear_errors(tmp_path):
         load_harbor(f"harbor:{task}")
     (task / "task.toml").write_bytes(b"\xff\xfe")
     with pytest.raises(ValueError, match="not valid TOML"):
-        gym.make("Orchard/Claw-v0", tasks=f"harbor:{task}")
-    assert set(load_harbor(f"harbor:{DATA}")) == {"six-version", "sum-numbers"}
+        gym.make("Orchard/Harbor-v0", tasks=str(task))
 
 
 @pytest.mark.docker
@@ -166,7 +166,7 @@ def test_the_image_is_cached_by_the_environment_folders_content(tmp_path):
     import docker
 
     from orchard_gym.backends.docker import default_base_url
-    from orchard_gym.envs.claw.harbor import ensure_image
+    from orchard_gym.envs.harbor.env import ensure_image
 
     shutil.copytree(DATA / "sum-numbers", tmp_path / "sum-numbers")
     task = load_harbor(f"harbor:{tmp_path / 'sum-numbers'}")["sum-numbers"]
@@ -198,7 +198,7 @@ def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
     from orchard_gym.cli import main
 
     out = tmp_path / "eval.jsonl"
-    args = ["eval", "--env", "Orchard/Claw-v0", "--tasks", f"harbor:{DATA}", "--task-id", "six-version",
+    args = ["eval", "--env", "Orchard/Harbor-v0", "--tasks", str(DATA), "--task-id", "sum-numbers",
             "--policy", "oracle", "-k", "2", "--out", str(out)]
     result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
     assert result.exit_code == 0, result.output
@@ -211,8 +211,88 @@ def test_orchard_eval_plays_the_oracle_of_harbor_tasks(tmp_path, local_root):
 def test_check_env_passes(local_root):
     from gymnasium.utils.env_checker import check_env
 
-    env = make("local", local_root, DATA / "six-version")
+    env = make("local", local_root, DATA / "sum-numbers")
     try:
         check_env(env, skip_render_check=True)
     finally:
         env.close()
+
+
+@needs_bwrap
+def test_the_agent_time_limit_kills_a_running_command_at_the_limit(tmp_path, local_root):
+    folder = tmp_path / "tasks" / "slow"
+    shutil.copytree(DATA / "sum-numbers", folder)
+    (folder / "task.toml").write_text('version = "1.0"\n[agent]\ntimeout_sec = 5.0\n[verifier]\ntimeout_sec = 60.0\n')
+    env = make("local", local_root, folder)
+    try:
+        env.reset()
+        started = time.monotonic()
+        obs, reward, term, trunc, info = env.step(
+            {"name": "bash", "arguments": {"command": "sleep 20; echo late > late.txt", "timeout": 600}})
+        elapsed = time.monotonic() - started
+        assert elapsed < 12, elapsed  # killed at ~5 s (plus the verifier), not after 20 s
+        assert "timed out after 5s and was killed" in obs
+        assert (term, trunc) == (False, True) and "wall-clock budget of 5s used up" in info["truncation"]
+        assert env.trajectory.truncated and env.trajectory.ok  # graded (0.0: no answer), as Harbor does
+        assert reward == 0.0 and info["report"]["reward"] == 0.0
+    finally:
+        env.close()
+
+
+
+@needs_bwrap
+def test_orchard_eval_nothing_policy_and_tasks_check(tmp_path, local_root):
+    import json
+
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    corpus = DATA / "corpus"
+    out = tmp_path / "nothing.jsonl"
+    args = ["eval", "--env", "Orchard/Harbor-v0", "--tasks", str(corpus), "--task-id", "setup/env-vars",
+            "--policy", "nothing", "--out", str(out)]
+    result = CliRunner().invoke(main, args, env={"ORCHARD_LOCAL_ROOT": str(local_root)})
+    assert result.exit_code == 0, result.output
+    assert "resolved 0/1" in result.output and "mean episode time -" not in result.output
+    [line] = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (line["reward"], line["error"], line["steps"] if "steps" in line else 1) == (0.0, None, 1)
+
+    result = CliRunner().invoke(main, ["tasks", "check", str(corpus)])
+    assert result.exit_code == 1  # malformed tasks are errors
+    assert "23 Harbor task(s) can run; 9 skipped (error)" in result.output
+    assert f"{corpus / 'malformed' / 'gpus'}: error: [environment] gpus" in result.output
+    index = tmp_path / "index.jsonl"
+    index.write_text(json.dumps({"path": str(corpus / "setup" / "env-vars")}) + "\n"
+                     + json.dumps({"path": "nowhere", "task_id": "gone"}) + "\n")
+    result = CliRunner().invoke(main, ["tasks", "check", str(index)])
+    assert "1 Harbor task(s) can run; 1 skipped (error)" in result.output, result.output
+
+
+@needs_bwrap
+def test_toy_tasks_exported_as_harbor_folders_grade_the_same(tmp_path, local_root):
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    out = tmp_path / "toy-harbor"
+    result = CliRunner().invoke(main, ["tasks", "export", "--format", "harbor", "--env", "Orchard/Toy-v0",
+                                       "--env-kwargs", '{"num_tasks": 1}', "--out", str(out)])
+    assert result.exit_code == 0 and "3 Harbor task folders" in result.output, result.output
+    env = make("local", local_root, out)
+    toy = gym.make("Orchard/Toy-v0", num_tasks=1, backend=_config("local", local_root)).unwrapped
+    try:
+        assert env.task_ids() == toy.task_ids() == ["count-000", "secret-000", "write-000"]
+        for task_id in env.task_ids():
+            env.reset(options={"task_id": task_id})
+            assert play_oracle(env)[1] == 1.0, task_id
+            env.reset(options={"task_id": task_id})
+            assert env.step({"name": "submit", "arguments": {}})[1] == 0.0
+            toy.reset(options={"task_id": task_id})  # the same task in its own env: the same rewards
+            toy.step({"name": "bash", "arguments": {"command": toy.task.solution}})
+            assert toy.step({"name": "submit", "arguments": {}})[1] == 1.0
+    finally:
+        env.close()
+        toy.close()
+    result = CliRunner().invoke(main, ["tasks", "export", "--env", "Orchard/SWE-v0", "--out", str(tmp_path / "swe")])
+    assert result.exit_code == 1 and "only tasks graded by a shell check" in result.output

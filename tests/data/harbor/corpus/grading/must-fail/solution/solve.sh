@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+echo 103 > /app/prime.txt  # wrong on purpose: it is 101

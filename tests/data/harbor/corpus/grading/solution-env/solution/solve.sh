@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+[ -n "$ANSWER" ]; echo "$ANSWER" > /app/answer.txt

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+printf 'orchard\norchard\norchard\n' > /app/word.txt

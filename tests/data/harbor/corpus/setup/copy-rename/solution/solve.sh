@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+tail -n +2 /app/table.csv | wc -l > /app/count.txt

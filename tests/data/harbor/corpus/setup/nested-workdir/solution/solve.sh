@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+wc -l < /app/project/notes.txt > /app/project/lines.txt

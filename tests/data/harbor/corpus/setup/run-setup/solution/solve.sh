@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/- \$2/+ $2/' /app/src/add.sh

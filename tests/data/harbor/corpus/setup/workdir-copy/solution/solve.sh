@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sort /app/data/words.txt > /app/sorted.txt
