@@ -34,6 +34,16 @@ class OraclePolicy:
         return {"name": "submit", "arguments": {}}
 
 
+class NothingPolicy:
+    """The do-nothing baseline: ends the episode at once (`submit`, or the env's ending tool)."""
+
+    ENDINGS = ("submit", "terminate", "done")
+
+    async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
+        names = [t.get("function", t).get("name") for t in tools]
+        return {"name": next((n for n in self.ENDINGS if n in names), "submit"), "arguments": {}}
+
+
 class OpenAIPolicy:
     """Chat completions with tools against any OpenAI-compatible endpoint (vLLM, ...).
 

@@ -15,10 +15,12 @@ import shutil
 import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from components import require
+from conftest import marked_pids
 from doc_examples import CODE, REPO, all_blocks, continued
 
 BLOCKS = all_blocks()
@@ -35,6 +37,19 @@ def _docker() -> str:
     return docker_engine()[1]
 
 
+def _claude_code() -> str:
+    from orchard_gym.wrappers.harnesses.claude_code import HARNESS
+    try:
+        prefix = HARNESS.install_npm()
+    except Exception as e:  # noqa: BLE001 - the reason is the skip/fail message
+        return f"{type(e).__name__}: {e}"
+    return "" if os.access(prefix / "node_modules" / ".bin" / "claude", os.X_OK) else f"no claude under {prefix}"
+
+
+def _image(name: str) -> bool:
+    return subprocess.run(["podman", "image", "exists", name], capture_output=True).returncode == 0
+
+
 WHY_NOT = {  # component -> () -> why it is missing ("" when present)
     "server": lambda: _module("fastapi", "bash scripts/install.sh server"),
     "train": lambda: _module("trl", "bash scripts/install.sh train"),
@@ -47,6 +62,9 @@ WHY_NOT = {  # component -> () -> why it is missing ("" when present)
     "chromium": lambda: "" if shutil.which("chromium") else "no chromium on PATH",
     "harnesses": lambda: "" if shutil.which("npm") and shutil.which("node") else "node/npm are not installed",
     "docker": _docker,
+    "swe-images": lambda: _docker() or ("" if _image("localhost/orchard/swe-semver") else
+                                        "no SWE task images (scripts/build_swe_images.py)"),
+    "claude-code": lambda: _module("fastapi", "bash scripts/install.sh server") or _claude_code(),
 }
 
 
@@ -92,18 +110,24 @@ def test_doc_example(block, page_dirs):
         cmd = [sys.executable, script.name]
     else:
         cmd = ["bash", "-eo", "pipefail", "-c", block.code]
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True, text=True)
-    try:
-        out, _ = proc.communicate(timeout=block.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{block.id} ran past {block.timeout}s (mark it slow, give it a timeout, or make it "
-                    f"quicker):\n{out[-4000:]}", pytrace=False)
-    finally:
-        try:  # what the block started in the background ends with it
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+    mark = f"ORCHARD_DOC_EXAMPLE={uuid.uuid4().hex}"  # finds what the block left behind, daemons included
+    env[mark.split("=")[0]] = mark.split("=")[1]
+    log = cwd / f".example-{block.line}.log"
+    with open(log, "w") as out:  # a file, not a pipe: a server the block put in the background keeps a pipe open
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            proc.wait(timeout=block.timeout)
+        except subprocess.TimeoutExpired:
             pass
-    assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{out[-4000:]}"
+        finally:  # what the block started in the background ends with it
+            for pid in [proc.pid, *marked_pids(mark)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            proc.wait()
+    text = log.read_text(errors="replace")[-4000:]
+    assert proc.returncode is not None and proc.returncode >= 0, \
+        f"{block.id} ran past {block.timeout}s (mark it slow, give it a timeout, or make it quicker):\n{text}"
+    assert proc.returncode == 0, f"{block.id} exited {proc.returncode}:\n{text}"
