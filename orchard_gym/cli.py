@@ -25,6 +25,10 @@ class _Group(click.Group):
             one = click.ClickException(f"{e.format_message()} (see {e.ctx.command_path if e.ctx else 'orchard'} -h)")
             one.exit_code = e.exit_code
             raise one from None
+        except (KeyboardInterrupt, click.Abort):  # Ctrl-C: the finally blocks above have cleaned up
+            stop = click.ClickException("interrupted (what it had started was stopped)")
+            stop.exit_code = 130
+            raise stop from None
         except ModuleNotFoundError as e:  # an optional dependency: say which extra brings it
             extra = next((x for x, mods in _EXTRAS.items() if (e.name or "").split(".")[0] in mods), None)
             if extra is None:

@@ -6,7 +6,8 @@ is output or file content and is not run; an unlabelled fence is an error (say w
 Markers are HTML comments (invisible on the rendered page) on the lines right above the fence:
 
     <!-- not-run: REASON -->      never run here; the reason is required (a GPU, a real cluster)
-    <!-- slow -->                 runs in the full tier only (pytest mark `slow`)
+    <!-- slow -->                 runs in the full tier only (pytest mark `slow`; also any block that
+                                  needs docker, gui, harnesses, train, ...: tests/test_docs_examples.py)
     <!-- continues -->            python: runs in one process after the page's previous python block
     <!-- needs: docker, train --> components (tests/components.py): skipped where missing, failing in CI
     <!-- timeout: 300 -->         seconds (default 90)
@@ -26,6 +27,8 @@ CODE = {"python", "bash", "sh"}
 MARKER = re.compile(r"^\s*<!--\s*(not-run|slow|continues|needs|timeout)\s*(?::\s*(.*?))?\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(`{3,})(\S*)")
 DEFAULT_TIMEOUT = 90
+# containers, browsers, harness installs, training stacks: the full tier only (as tests/tiers.py)
+FULL_ONLY = {"docker", "kubernetes", "swe-images", "harnesses", "claude-code", "gui", "chromium", "train"}
 
 
 @dataclass
@@ -45,6 +48,10 @@ class Block:
     @property
     def runnable(self) -> bool:
         return self.lang in CODE and "not-run" not in self.markers
+
+    @property
+    def slow(self) -> bool:
+        return "slow" in self.markers or bool(set(self.needs) & FULL_ONLY)
 
     @property
     def timeout(self) -> int:
@@ -124,7 +131,7 @@ def continued(blocks: list[Block]) -> set[str]:
 def counts(blocks: list[Block]) -> str:
     code = [b for b in blocks if b.lang in CODE]
     run = [b for b in code if b.runnable]
-    slow = [b for b in run if "slow" in b.markers]
+    slow = [b for b in run if b.slow]
     skipped = [b for b in code if not b.runnable]
     lines = [f"{len(blocks)} blocks: {len(code)} code, {len(blocks) - len(code)} output/file content",
              f"code: {len(run)} run ({len(run) - len(slow)} fast tier, {len(slow)} slow), "

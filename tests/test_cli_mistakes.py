@@ -101,3 +101,21 @@ def test_the_nothing_policy_is_a_baseline(tmp_path):
 def test_repo_is_importable_from_tmp():  # the child processes import the worktree's package
     assert str(REPO) in subprocess.run([sys.executable, "-c", "import orchard_gym; print(orchard_gym.__file__)"],
                                        capture_output=True, text=True, cwd="/").stdout
+
+
+@pytest.mark.parametrize("after", [6.0, 12.0])  # after the imports: set-up (the first sandboxes), then mid-run
+def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
+    import signal
+    import time
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
+    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "400"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground process)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("Error: interrupted"), err[-3000:]
+    wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
+    assert not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")

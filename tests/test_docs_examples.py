@@ -93,7 +93,7 @@ def page_dirs(tmp_path_factory):
 
 def _params():
     for b in TO_RUN:
-        marks = [pytest.mark.slow] if "slow" in b.markers else []
+        marks = [pytest.mark.slow] if b.slow else []
         yield pytest.param(b, id=b.id, marks=marks)
 
 
