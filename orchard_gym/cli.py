@@ -223,8 +223,6 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     import asyncio
     from pathlib import Path
 
-    import gymnasium as gym
-
     from .client import AsyncSandboxClient
     from .envs.rollout import run_episodes
     from .policies import NothingPolicy, OpenAIPolicy, OraclePolicy
@@ -320,17 +318,10 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else ("resolved" if t.reward > 0 else "unresolved")
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
+    from .cli_exit import exit_if_failed
+
     exit_if_failed(len(results) - len(ok) - broken, len(results), max_error_rate,
                     next((t.error for t in results if t.error and t.error_kind != "grading"), None))
-
-
-def exit_if_failed(failed: int, total: int, max_rate: float | None, first: str | None) -> None:
-    """A run the policy or the infrastructure failed exits 1, saying so last (stderr)."""
-    if total and (failed > max_rate * total if max_rate is not None else failed == total):
-        click.echo(f"orchard: {failed}/{total} episodes failed (policy or infrastructure), over "
-                   f"{'--max-error-rate ' + str(max_rate) if max_rate is not None else 'all'}; first: "
-                   f"{(first or '?').splitlines()[0][:200]}", err=True)
-        sys.exit(1)
 
 
 def _env_spec(env_id: str):

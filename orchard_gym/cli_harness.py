@@ -66,6 +66,6 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
         if r.error:
             click.echo(f"  ERROR {r.harness}/{r.task_id}: {r.error[:300]}")
     click.echo(f"runs (trajectories and every recorded call): {out_path}")
-    from orchard_gym.cli import exit_if_failed
+    from orchard_gym.cli_exit import exit_if_failed
 
     exit_if_failed(sum(1 for r in runs if r.error), len(runs), max_error_rate, next((r.error for r in runs if r.error), None))

@@ -54,7 +54,7 @@ MISTAKES = [
     pytest.param(["serve", "--port", "0"], "server extra", "fastapi", id="serve-without-server-extra"),
     pytest.param(["proxy", "--port", "0"], "server extra", "fastapi", id="proxy-without-server-extra"),
     pytest.param(["train", "grpo", "--model", "MODEL", *TOY], "train extra", "trl", id="grpo-without-train-extra"),
-    pytest.param(["eval", *TOY, "--policy", DEAD, "-n", "2", "--max-steps", "2"], "2/2 episodes failed", None,
+    pytest.param(["eval", *TOY, "--policy", DEAD, "-n", "2", "--max-steps", "2"], "all 2 episodes failed", None,
                  id="eval-dead-endpoint"),
 ]
 

@@ -41,7 +41,7 @@ def _claude_code() -> str:
     from orchard_gym.wrappers.harnesses.claude_code import HARNESS
     try:
         prefix = HARNESS.install_npm()
-    except Exception as e:  # noqa: BLE001 - the reason is the skip/fail message
+    except Exception as e:  # any failure: the reason is the skip/fail message
         return f"{type(e).__name__}: {e}"
     return "" if os.access(prefix / "node_modules" / ".bin" / "claude", os.X_OK) else f"no claude under {prefix}"
 
