@@ -46,6 +46,9 @@ _EXTRAS = {"server": {"fastapi", "uvicorn", "starlette", "redis", "prometheus_cl
 @click.version_option(__version__, prog_name="orchard")
 def main() -> None:
     """orchard-gym: sandboxes and Gymnasium envs for LLM agents."""
+    import warnings
+
+    warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per step
 
 
 def _client(backend: str, base_url: str | None, api_key: str | None):
