@@ -43,6 +43,8 @@ class LocalBackendConfig(BaseModel):
                                            "or absolute from the hierarchy's root")
     pids_limit: int | None = Field(1024, ge=8, le=4194304, description="processes and threads per sandbox "
                                    "(cgroups only; None: unlimited)")
+    hide: list[Path] = Field(default_factory=list, description="host folders no sandbox may read (an empty tmpfs "
+                             "covers each), e.g. task folders holding solutions; Orchard/Claw-v0's Harbor tasks add theirs")
     any_image_as_host: bool = Field(
         default_factory=lambda: os.environ.get("ORCHARD_LOCAL_ANY_IMAGE", "").lower() in ("1", "true", "yes", "on"),
         description="run a sandbox asking for any image on the host's userland (one warning) instead of refusing "

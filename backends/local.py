@@ -288,8 +288,14 @@ class LocalBackend(Backend):
         the interpreter and agent folders bound back when they live under a hidden one."""
         _, prefix = _python()
         hide = [] if str(self.root).startswith("/tmp/") else [str(self.root)]
+        hide += self._configured_hidden()
         keep = [p for p in (prefix, os.path.realpath(AGENT_DIR)) if p.startswith("/tmp/") or p.startswith(str(self.root))]
         return hide, keep
+
+    def _configured_hidden(self) -> list[str]:
+        """config.hide's folders that exist and that /tmp or the root do not already hide."""
+        paths = (os.path.realpath(p) for p in self.config.hide)
+        return [p for p in paths if os.path.isdir(p) and not p.startswith("/tmp/") and not p.startswith(f"{self.root}/")]
 
     def _argv(self, meta: dict, spec: SandboxSpec, cgroup_fds: list[int] = ()) -> list[str]:
         python, prefix = _python()
@@ -310,6 +316,8 @@ class LocalBackend(Backend):
         argv = [self.bwrap, "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         if not str(self.root).startswith("/tmp/"):
             argv += ["--tmpfs", str(self.root)]  # hide the other sandboxes (and their tokens)
+        for path in self._configured_hidden():
+            argv += ["--tmpfs", path]
         for path in (prefix, agent_py):  # stay reachable even if they live under a hidden folder
             if path.startswith("/tmp/") or path.startswith(str(self.root)):
                 argv += ["--ro-bind", path, path]

@@ -68,7 +68,8 @@ class SandboxEnv(gym.Env):
                 parse_pools(pool)
             except ValueError as e:  # InvalidRequest: a bad pool spec, said before anything starts
                 raise gym.error.Error(str(e)) from None
-        self._client_args = {"backend": backend, "base_url": base_url, "api_key": api_key, "pool": pool}
+        self._client_args = self.client_kwargs({"backend": backend, "base_url": base_url, "api_key": api_key,
+                                                "pool": pool})
         self._client, self._owns_client = client, client is None
         self.tools: dict[str, Tool] = {t.name: t for t in self.make_tools()}
         self.sandbox: AsyncSandboxInstance | None = None
@@ -99,6 +100,11 @@ class SandboxEnv(gym.Env):
     @abstractmethod
     async def grade(self, ctx: ToolContext, task: Any) -> tuple[float, dict]:
         """Score the episode's end state: (reward, report)."""
+
+    def client_kwargs(self, kwargs: dict) -> dict:
+        """The kwargs of a sandbox client for this env's tasks (the one it makes, or one that
+        `orchard eval` shares between episodes); an env whose tasks need a backend setting adds it."""
+        return kwargs
 
     def image_for(self, task: Any) -> str | None:
         return getattr(task, "image", None)

@@ -275,7 +275,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
     async def run():
-        client = AsyncSandboxClient(**_backend_kwargs(backend, api_key))
+        client = AsyncSandboxClient(**probe.client_kwargs(_backend_kwargs(backend, api_key)))
         with out_path.open("w") as sink:
             def write(trajectory):
                 sink.write(trajectory.model_dump_json() + "\n")

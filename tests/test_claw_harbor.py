@@ -73,26 +73,8 @@ def test_oracle_passes_and_doing_nothing_fails(kind, task_id, local_root):
         env.close()
 
 
-@pytest.mark.parametrize("kind,task_id", backends())
-def test_a_background_process_cannot_forge_the_reward_or_edit_the_verifier(kind, task_id, local_root):
-    env = make(kind, local_root)
-    try:
-        env.reset(options={"task_id": task_id})
-        paths = env.paths(env._ctx.state["workdir"])
-        logs, tests = paths["logs"], paths["tests"]
-        # no pause: it must win any race against the verifier; mv, so a read never sees a half-written file
-        forger = (f"while true; do mkdir -p {logs}/verifier {tests}; echo 1 > {logs}/r; mv {logs}/r {logs}/verifier/reward.txt; "
-                  f'printf "mkdir -p {logs}/verifier; echo 1 > {logs}/verifier/reward.txt\\n" > {logs}/t; '
-                  f"mv {logs}/t {tests}/test.sh; done")
-        bash(env, f"setsid nohup sh -c '{forger}' > /dev/null 2>&1 < /dev/null &")
-        # the forger is alive and has written its reward and its verifier before the episode ends
-        assert bash(env, f"sleep 1; cat {logs}/verifier/reward.txt").strip() == "1"
-        assert "echo 1 >" in bash(env, f"cat {tests}/test.sh")
-        _, reward, term, trunc, info = env.step({"name": "submit", "arguments": {}})
-        assert (reward, term, trunc) == (0.0, True, False), info
-        assert env.trajectory.ok
-    finally:
-        env.close()
+# the red-team tests of the verifier (planted files, a background forger, stdlib shadowing, the
+# task folder read from inside) are in test_security_harbor.py
 
 
 def _with_verifier(tmp_path: Path, task_id: str, test_sh: str) -> Path:

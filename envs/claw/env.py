@@ -159,7 +159,8 @@ class ClawEnv(SandboxEnv):
                 if self.judge is None:
                     raise JudgeFailed(f"task {task.task_id} has a judge check: give the env judge='URL#MODEL'")
                 answer = (snap["state"].get("answer") or {}).get("text") or ""
-                judged[i] = await judge(self.judge, self.judge_api_key, check["rubric"], task.instruction, answer)
+                if checks.imprecise(check, answer) is None:  # else the check fails as it stands: no judge needed
+                    judged[i] = await judge(self.judge, self.judge_api_key, check, task.instruction, answer)
         report = checks.score(task.checks, snap["state"], snap["log"], claw_tools.seeded_state(task.seed), judged,
                               snap.get("verdicts"))
         report["hardened"] = snap.get("hardened")

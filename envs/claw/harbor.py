@@ -8,13 +8,15 @@
       tests/test.sh           # the verifier: writes /logs/verifier/reward.txt (or reward.json)
 
 PATH is one task folder or a folder of task folders. The policy acts with `bash` and
-`submit`. At the end every process the policy left is killed (SIGSTOP, then SIGKILL,
-until none is left), `/logs/verifier` is emptied, `tests/` is uploaded fresh to `/tests`
-(so the policy never had the verifier to edit), `bash /tests/test.sh` runs, and the reward
-file is the reward. No reward file, or one that is not a finite number, is a grading
-failure, never a score: `report["error_kind"] == "grading"` with `report["error"]`, and the
-trajectory is errored (`trajectory.error` = "grading: ...", `trajectory.error_kind` =
-"grading"), so trainers drop it.
+`submit`. At the end the verifier runs out of the policy's reach (envs/claw/verifier.py):
+every process the policy left is killed, the tests are uploaded to folders made only then,
+`test.sh` runs from there with an isolated environment, and the reward file it writes is
+the reward. No reward file, or one that is not a finite number, is a grading failure, never
+a score: `report["error_kind"] == "grading"` with `report["error"]`, and the trajectory is
+errored (`trajectory.error` = "grading: ...", `trajectory.error_kind` = "grading"), so
+trainers drop it. On the local backend the task folders are hidden from the sandboxes
+(LocalBackendConfig.hide, added by `client_kwargs`); a sandbox that can still read one is
+refused at reset.
 
 Where the sandbox comes from:
 - container backends: the image is built from `environment/` with the docker SDK, never
@@ -22,8 +24,9 @@ Where the sandbox comes from:
   hash of the folder, and rebuilt only when the folder changes;
 - local backend: only a Dockerfile of `FROM` plus `RUN pip install ...` lines can run
   there — a venv with those packages is built once on the host (envs/swe/venvs.py) and put
-  first on PATH; the absolute Harbor paths (/tests, /solution, /logs, /app) are rewritten
-  to folders in the sandbox's working directory, and in the instruction `/app/x` becomes
+  first on PATH; the absolute Harbor paths are rewritten: /app to the working directory,
+  /solution and /logs (the agent's) to folders in it, /tests and /logs for the verifier to
+  its folder in the sandbox's private /tmp; in the instruction `/app/x` becomes
   the relative `x` (the working directory). The local backend needs bwrap isolation
   (its own PID namespace), so that killing the policy's processes touches nothing else.
 """
@@ -32,11 +35,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import io
-import math
 import re
 import shlex
-import tarfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -51,35 +51,10 @@ from orchard_gym.errors import SandboxFailed
 from ..base import SandboxEnv
 from ..swe.venvs import ensure_venv
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
+from .verifier import GradingFailed, VerifierDirs, run_verifier, tar_folder
 
 HARBOR_DIRS = ("tests", "solution", "logs", "app")  # the absolute paths Harbor tasks use
 IMAGE_PREFIX = "localhost/orchard/harbor-"
-
-# Kills every process of the sandbox but this script's own ancestry (the agent and the shell
-# running it): stop them all first so none can fork or restart another, then kill.
-KILL_ALL = r"""
-keep=" $$ "; p=$$
-while [ "$p" -gt 1 ]; do set -- $(cat /proc/$p/stat 2>/dev/null || echo x x x 1); p=$4; keep="$keep$p "; done
-keep="$keep 1 "
-for round in 1 2 3 4 5 6 7 8 9 10; do
-  found=""
-  for d in /proc/[0-9]*; do
-    pid=${d#/proc/}
-    case "$keep" in *" $pid "*) continue;; esac
-    set -- $(cat "$d/stat" 2>/dev/null) || continue
-    [ "$#" -ge 3 ] && [ "$3" != Z ] || continue  # gone, or a zombie waiting for init to reap it
-    found="$found $pid"
-  done
-  [ -z "$found" ] && exit 0
-  kill -STOP $found 2>/dev/null; kill -KILL $found 2>/dev/null; sleep 0.2
-done
-echo "processes left: $found" >&2; exit 1
-"""
-
-
-class GradingFailed(SandboxFailed):
-    """The verifier gave no usable reward: the trajectory is errored, not scored."""
-
 
 class HarborTask(BaseModel):
     task_id: str
@@ -167,12 +142,20 @@ def is_harbor(source: Any) -> bool:
     return isinstance(source, dict) and bool(source) and all(isinstance(t, HarborTask) for t in source.values())
 
 
-def tar_folder(folder: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for path in sorted(folder.rglob("*")):
-            tar.add(path, arcname=str(path.relative_to(folder)), recursive=False)
-    return buf.getvalue()
+def hide_task_folders(backend: Any, roots: list[Path]) -> Any:
+    """The backend config with the task folders hidden from local sandboxes (they hold the
+    solutions and the verifiers); any other backend unchanged (containers never see the host)."""
+    from orchard_gym.backends.config import LocalBackendConfig, parse_backend_config
+
+    if backend is not None and not isinstance(backend, (dict, BaseModel)):
+        return backend  # a backend object: its sandboxes are checked at reset (check_task_folder_hidden)
+    try:
+        config = parse_backend_config(backend) if backend is not None else LocalBackendConfig()
+    except ValueError:
+        return backend  # the client says what is wrong with it, as for any env
+    if not isinstance(config, LocalBackendConfig):
+        return backend
+    return config.model_copy(update={"hide": [*config.hide, *(r for r in roots if r not in config.hide)]})
 
 
 def ensure_image(task: HarborTask, base_url: str) -> str:
@@ -212,6 +195,11 @@ class HarborEnv(SandboxEnv):
 
     def make_tools(self) -> list[Tool]:
         return [BashTool(), SubmitTool()]
+
+    def client_kwargs(self, kwargs: dict) -> dict:
+        if kwargs.get("base_url") is not None:
+            return kwargs
+        return {**kwargs, "backend": hide_task_folders(kwargs.get("backend"), [t.root for t in self._tasks.values()])}
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
@@ -269,11 +257,12 @@ class HarborEnv(SandboxEnv):
             return {name: f"{workdir}/.harbor/{name}" if name != "app" else workdir for name in HARBOR_DIRS}
         return {name: f"/{name}" for name in HARBOR_DIRS}
 
-    def rewrite(self, text: str, workdir: str) -> str:
-        """A Harbor script with its absolute paths moved to this sandbox's (a no-op in containers)."""
+    def rewrite(self, text: str, workdir: str, verifier: dict[str, str] | None = None) -> str:
+        """A Harbor script with its absolute paths moved to this sandbox's (a no-op in containers);
+        `verifier`: where /tests and /logs are for the verifier's run."""
         if not self._is_local():
             return text
-        paths = self.paths(workdir)
+        paths = {**self.paths(workdir), **(verifier or {})}
         return re.sub(r"(?<![\w./-])/(tests|solution|logs|app)(?![\w.-])", lambda m: paths[m.group(1)], text)
 
     async def setup(self, sandbox: AsyncSandboxInstance, task: HarborTask) -> ToolContext:
@@ -282,75 +271,49 @@ class HarborEnv(SandboxEnv):
         if self._is_local():
             venv = await run_in_thread(ensure_venv, task.pip_requirements)
             path = f"{venv}/bin:{path}"
+        if self._is_local():
+            await self.check_task_folder_hidden(sandbox, task)
         logs = self.paths(workdir)["logs"]
-        r = await sandbox.exec(f"mkdir -p {shlex.quote(logs)}/agent {shlex.quote(logs)}/verifier", timeout=60)
+        r = await sandbox.exec(f"mkdir -p {shlex.quote(logs)}/agent", timeout=60)
         if r.exit_code != 0:
             raise SandboxFailed(f"cannot make {logs} in the sandbox: {r.stderr[-500:]}")
+        # the set-up PATH is kept for the verifier: what the policy does to its shell never reaches it
         return ToolContext(sandbox=sandbox, cwd=workdir, env={"PATH": path}, timeout=self.exec_timeout,
-                           state={"workdir": workdir})
+                           state={"workdir": workdir, "path": path})
+
+    async def check_task_folder_hidden(self, sandbox: AsyncSandboxInstance, task: HarborTask) -> None:
+        """Refuse to run where the sandbox can read the task folder (its solution/ and tests/)."""
+        probe = shlex.quote(str(task.root / "task.toml"))
+        r = await sandbox.exec(f"test -e {probe} && echo visible || echo hidden", timeout=30)
+        if r.stdout.strip() != "hidden":
+            raise SandboxFailed(
+                f"Harbor task {task.task_id}: the sandbox can read the task folder {task.root} (its solution and "
+                f"tests); give the env its backend as a config (HarborEnv hides the task folders there) or list "
+                f"them in LocalBackendConfig.hide")
 
     def first_observation(self, task: HarborTask) -> str:
         if self._is_local():  # /app is the working directory here; same text for every sandbox
             return re.sub(r"(?<![\w./-])/app(?![\w.-])/?", "", task.instruction).replace("``", "`.`")
         return task.instruction
 
-    async def upload_folder(self, sandbox: AsyncSandboxInstance, folder: Path, dest: str, workdir: str) -> None:
-        archive = f"{workdir}/.harbor-upload.tar.gz"
-        await sandbox.upload_content(await run_in_thread(tar_folder, folder), archive)
-        q = shlex.quote
-        r = await sandbox.exec(f"rm -rf {q(dest)} && mkdir -p {q(dest)} && tar -xzf {q(archive)} -C {q(dest)} && "
-                               f"rm -f {q(archive)}", timeout=120)
-        if r.exit_code != 0:
-            raise SandboxFailed(f"cannot upload {folder.name}/ to {dest}: {r.stderr[-500:]}")
-        if self._is_local():  # the scripts use the absolute Harbor paths: point them here
-            for script in (p for p in folder.rglob("*") if p.suffix in (".sh", ".py") and p.is_file()):
-                text = self.rewrite(script.read_text(), workdir)
-                await sandbox.upload_content(text.encode(), f"{dest}/{script.relative_to(folder)}")
-
     async def grade(self, ctx: ToolContext, task: HarborTask) -> tuple[float, dict]:
-        sandbox, workdir = ctx.sandbox, ctx.state["workdir"]
-        paths = self.paths(workdir)
-        report: dict[str, Any] = {}
+        workdir = ctx.state["workdir"]
+
+        def transform(dirs: VerifierDirs):
+            mapping = {"tests": dirs.tests, "logs": dirs.logs}
+
+            def rewritten(path: Path) -> bytes | None:
+                if not self._is_local() or path.suffix not in (".sh", ".py"):
+                    return None
+                return self.rewrite(path.read_text(), workdir, mapping).encode()
+            return rewritten
+
         try:
-            killed = await sandbox.exec(KILL_ALL, timeout=60)
-            if killed.exit_code != 0:
-                raise GradingFailed(f"the policy's processes could not all be killed: {killed.stderr[-500:]}")
-            verifier = f"{paths['logs']}/verifier"
-            r = await sandbox.exec(f"rm -rf {shlex.quote(verifier)} && mkdir -p {shlex.quote(verifier)}", timeout=60)
-            if r.exit_code != 0:
-                raise GradingFailed(f"cannot empty {verifier}: {r.stderr[-500:]}")
-            await self.upload_folder(sandbox, task.root / "tests", paths["tests"], workdir)
-            run = await sandbox.exec(f"bash {shlex.quote(paths['tests'])}/test.sh", cwd=workdir, env=ctx.env,
-                                     timeout=task.verifier_timeout)
-            report.update(test_exit_code=run.exit_code, test_timed_out=run.timed_out,
-                          test_output=(run.stdout + run.stderr)[-4000:])
-            reward = await self.read_reward(sandbox, verifier, report)
+            return await run_verifier(ctx.sandbox, task.root / "tests", private_tmp=self._is_local(),
+                                      path=ctx.state["path"], workdir=workdir, timeout=task.verifier_timeout,
+                                      transform=transform)
         except GradingFailed as e:
-            report.update(reward=0.0, error_kind="grading", error=str(e))
-            return 0.0, report
-        report["reward"] = reward
-        return reward, report
-
-    async def read_reward(self, sandbox: AsyncSandboxInstance, verifier: str, report: dict) -> float:
-        r = await sandbox.exec(f"cat {shlex.quote(verifier)}/reward.txt 2>/dev/null || "
-                               f"{{ printf 'JSON '; cat {shlex.quote(verifier)}/reward.json; }}", timeout=60)
-        text = r.stdout.strip()
-        if r.exit_code != 0 or not text:
-            raise GradingFailed(f"the verifier wrote no reward file ({verifier}/reward.txt or reward.json); "
-                                f"test.sh exited {report['test_exit_code']}: {report['test_output'][-500:]}")
-        try:
-            if text.startswith("JSON "):
-                import json
-
-                data = json.loads(text[5:])
-                value = float(data["reward"] if isinstance(data, dict) else data)
-            else:
-                value = float(text)
-        except (ValueError, TypeError, KeyError) as e:
-            raise GradingFailed(f"the reward file is not a number: {text[:200]!r} ({type(e).__name__})") from None
-        if not math.isfinite(value):
-            raise GradingFailed(f"the reward file is not a finite number: {text[:200]!r}")
-        return value
+            return 0.0, {"reward": 0.0, "error_kind": "grading", "error": str(e)}
 
     def oracle_policy(self):
         return HarborOraclePolicy()
@@ -369,18 +332,9 @@ class HarborOraclePolicy:
         env, task = self.env, self.env.task
         workdir = env._ctx.state["workdir"]
         dest = env.paths(workdir)["solution"]
-        folder = task.root / "solution"
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-            for path in sorted(folder.rglob("*")):
-                if path.is_file() and path.suffix in (".sh", ".py"):
-                    data = env.rewrite(path.read_text(), workdir).encode()
-                    info = tarfile.TarInfo(str(path.relative_to(folder)))
-                    info.size, info.mode = len(data), 0o755
-                    tar.addfile(info, io.BytesIO(data))
-                elif path.is_file():
-                    tar.add(path, arcname=str(path.relative_to(folder)))
-        blob = base64.b64encode(buf.getvalue()).decode()
+        scripts = lambda p: env.rewrite(p.read_text(), workdir).encode() if p.suffix in (".sh", ".py") else None  # noqa: E731
+        archive = tar_folder(task.root / "solution", scripts)
+        blob = base64.b64encode(archive).decode()
         q = shlex.quote
         return f"mkdir -p {q(dest)} && echo {blob} | base64 -d | tar -xz -C {q(dest)} && bash {q(dest)}/solve.sh"
 

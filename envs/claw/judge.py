@@ -1,9 +1,13 @@
 """The optional LLM-judge check: a free-text answer judged by any OpenAI-compatible endpoint.
 
-    {"type": "judge", "rubric": "The answer names the two overdue invoices and their amounts."}
+    {"type": "judge", "rubric": "The answer names the two overdue invoices and their amounts.",
+     "max_chars": 300, "must_not_contain": ["INV-0042"]}      # optional precision, as for `answer`
 
 The env is given `judge="URL#MODEL"` (and `judge_api_key=`). The judge is asked for a JSON
-object `{"verdict": "pass"|"fail", "reason": ...}`. When the endpoint fails or answers
+object `{"verdict": "pass"|"fail", "reason": ...}`. The prompt carries the precision
+requirements: a shotgun answer (candidates listed, records pasted) fails, and so does one that
+breaks the check's `max_chars` or `must_not_contain` — which checks.py also enforces itself,
+so such an answer fails without a judge call. When the endpoint fails or answers
 something else, grading raises `JudgeFailed`: the trajectory is marked errored (like a dead
 sandbox) and trainers drop it; a score is never made up.
 """
@@ -26,6 +30,10 @@ Task given to the assistant:
 Rubric (the answer passes only if it meets all of it):
 {rubric}
 
+Precision (as binding as the rubric): the answer must answer the task, not cover every
+possibility. It fails if it lists several candidate answers, or pastes records, files or
+messages instead of answering.{requirements}
+
 The assistant's final answer:
 <<<
 {answer}
@@ -43,13 +51,25 @@ def parse_spec(spec: str) -> tuple[str, str]:
     return url.rstrip("/") + "/chat/completions", model
 
 
-async def judge(spec: str, api_key: str | None, rubric: str, instruction: str, answer: str,
+def requirements(check: dict) -> str:
+    """The check's own precision requirements, in words, for the prompt."""
+    out = ""
+    if check.get("max_chars") is not None:
+        out += f"\nIt must be at most {check['max_chars']} characters long."
+    if check.get("must_not_contain"):
+        out += ("\nIt must not say any of these (they belong to other records, not to what was asked): "
+                + "; ".join(map(json.dumps, check["must_not_contain"])) + ".")
+    return out
+
+
+async def judge(spec: str, api_key: str | None, check: dict, instruction: str, answer: str,
                 timeout: float = 120.0) -> tuple[bool, str]:
-    """(passed, reason); JudgeFailed when there is no verdict to be had."""
+    """(passed, reason) of a judge check's rubric and precision requirements; JudgeFailed when
+    there is no verdict to be had."""
     url, model = parse_spec(spec)
-    body = {"model": model, "temperature": 0.0, "max_tokens": 400,
-            "messages": [{"role": "user", "content": PROMPT.format(instruction=instruction, rubric=rubric,
-                                                                   answer=answer or "(no answer given)")}]}
+    prompt = PROMPT.format(instruction=instruction, rubric=check["rubric"], requirements=requirements(check),
+                           answer=answer or "(no answer given)")
+    body = {"model": model, "temperature": 0.0, "max_tokens": 400, "messages": [{"role": "user", "content": prompt}]}
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
         async with httpx.AsyncClient(timeout=timeout) as http:
