@@ -204,7 +204,8 @@ def _loss(model: ValueModel, batch: list[dict]):
 
 def train_value(entries: Sequence[PoolEntry], base_model: str | Path, output_dir: str | Path,
                 args: ValueTrainArgs | None = None, *, log=print) -> dict:
-    """Train a value model on `entries` (split by task); saves it to `output_dir`. Returns a summary."""
+    """Train a value model on `entries` (split by task); saves it to `output_dir`. Returns a summary.
+    Progress: a bar per epoch (stderr), then one `log` line (log=None: silent)."""
     import torch
 
     args = args or ValueTrainArgs()
@@ -235,7 +236,10 @@ def train_value(entries: Sequence[PoolEntry], base_model: str | Path, output_dir
     optim = torch.optim.AdamW(model.parameters(), lr=args.learning_rate)
     history = []
     started = time.monotonic()
-    for epoch in range(args.epochs):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(range(args.epochs), desc="value model", unit="epoch", disable=log is None)
+    for epoch in bar:
         if args.bootstrap and epoch > 0:
             model.eval()
             for d in train_d:
@@ -254,9 +258,12 @@ def train_value(entries: Sequence[PoolEntry], base_model: str | Path, output_dir
             optim.step()
             losses.append(float(loss.detach()))
         row = {"epoch": epoch + 1, "train_mse": sum(losses) / len(losses), "val_mse": evaluate_mse(model, val_d)}
-        history.append(row)
-        log(f"[value] epoch {row['epoch']}: train mse {row['train_mse']:.4f}, val mse "
-            f"{row['val_mse'] if row['val_mse'] is None else round(row['val_mse'], 4)}")
+        history.append(row)  # all of it in value_train.json; the bar shows the latest
+        bar.set_postfix(train_mse=f"{row['train_mse']:.4f}",
+                        val_mse="-" if row["val_mse"] is None else f"{row['val_mse']:.4f}")
+    bar.close()
+    if log is not None and history:
+        log(f"[value] {len(history)} epochs: train mse {history[-1]['train_mse']:.4f}, val mse {history[-1]['val_mse']}")
     model.eval()
     model.save(output_dir)
     summary = {"train_trajectories": len(train_d), "val_trajectories": len(val_d),

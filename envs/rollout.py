@@ -83,11 +83,12 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
                       record_messages: bool = False, system_prompt: str = SYSTEM_PROMPT,
                       screenshots: ScreenshotSink | None = None) -> Trajectory:
     """One episode from reset to the end; infrastructure failures end up in `trajectory.error`."""
+    started = time.time()  # a failed reset's episode lasted from here (not from its record's creation)
     try:
         obs, info = await env.areset(seed=seed, options={"task_id": task_id} if task_id else None)
     except Exception as e:  # could not even start: a failed trajectory, never a crash of the batch
         return Trajectory(env_id=env.env_id, task_id=task_id or "?", error=f"reset failed: {type(e).__name__}: {e}",
-                          ended_at=time.time())
+                          started_at=started, ended_at=time.time())
     env.trajectory.metadata.setdefault("task", observation_text(obs)[:4000])  # what `orchard view` shows as the task
     if screenshots is not None and is_image_observation(obs):
         env.trajectory.metadata["screenshot"] = _keep(screenshots, env.trajectory, -1, obs)

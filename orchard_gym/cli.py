@@ -21,12 +21,34 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except OrchardError as e:
             raise click.ClickException(f"{type(e).__name__}: {e}") from e
+        except click.UsageError as e:  # one line, not the usage block
+            one = click.ClickException(f"{e.format_message()} (see {e.ctx.command_path if e.ctx else 'orchard'} -h)")
+            one.exit_code = e.exit_code
+            raise one from None
+        except (KeyboardInterrupt, click.Abort):  # Ctrl-C: the finally blocks above have cleaned up
+            stop = click.ClickException("interrupted (what it had started was stopped)")
+            stop.exit_code = 130
+            raise stop from None
+        except ModuleNotFoundError as e:  # an optional dependency: say which extra brings it
+            extra = next((x for x, mods in _EXTRAS.items() if (e.name or "").split(".")[0] in mods), None)
+            if extra is None:
+                raise
+            raise click.ClickException(f"{e}: this needs the {extra} extra "
+                                       f"(pip install 'orchard-gym[{extra}]', or bash scripts/install.sh {extra})") from e
+
+
+_EXTRAS = {"server": {"fastapi", "uvicorn", "starlette", "redis", "prometheus_client", "httptools", "uvloop"},
+           "train": {"torch", "transformers", "trl", "accelerate", "matplotlib", "tokenizers", "yaml"},
+           "swe": {"datasets", "pyarrow"}, "docker": {"docker"}, "k8s": {"kubernetes"}, "gui": {"miniwob", "PIL"}}
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="orchard")
 def main() -> None:
     """orchard-gym: sandboxes and Gymnasium envs for LLM agents."""
+    import warnings
+
+    warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per step
 
 
 def _client(backend: str, base_url: str | None, api_key: str | None):
@@ -160,7 +182,11 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
               help="'builtin', a JSON/JSONL/Parquet file, a folder or a Hugging Face dataset name")
 @click.option("--split", default=None, help="split of a dataset folder or hub dataset (SWE)")
 @click.option("--image-prefix", default=None, help="registry/namespace replacing that of the task images (SWE)")
-@click.option("--policy", default="oracle", show_default=True, help="oracle | nothing | openai:URL#MODEL")
+@click.option("--policy", default="oracle", show_default=True, help="oracle | nothing (the do-nothing baseline) | "
+              "openai:URL#MODEL")
+@click.option("--max-error-rate", type=click.FloatRange(0.0, 1.0), default=None,
+              help="exit 1 when more than this share of episodes failed (policy or infrastructure errors) "
+                   "[default: only when all did]")
 @click.option("--backend", default="local", show_default=True, help="local | docker | kubernetes | orchestrator URL")
 @click.option("--api-key", envvar="ORCHARD_API_KEY", help="orchestrator API key")
 @click.option("--model-api-key", envvar="OPENAI_API_KEY", help="API key of the model endpoint")
@@ -182,7 +208,7 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
               "this turn (repeatable): Monte Carlo values per turn (docs/branching.md)")
 @click.option("--branches", type=click.IntRange(min=1), default=4, show_default=True)
 @_price_opts
-def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model_api_key, episodes, concurrency,
+def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend, api_key, model_api_key, episodes, concurrency,
              max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs, branch_at,
              branches, price_cpu_hour, price_1k_tokens) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
@@ -196,11 +222,9 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
         return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
                               backend_kwargs=_backend_kwargs(backend, api_key), model_api_key=model_api_key,
                               attempts=attempts, concurrency=concurrency, max_steps=max_steps,
-                              task_filter=task_filter, out=out, price=price)
+                              task_filter=task_filter, out=out, price=price, max_error_rate=max_error_rate)
     import asyncio
     from pathlib import Path
-
-    import gymnasium as gym
 
     from .client import AsyncSandboxClient
     from .envs.rollout import run_episodes
@@ -208,16 +232,13 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
 
     if policy == "oracle":
         agent = OraclePolicy()
-    elif policy == "nothing":  # a do-nothing baseline: every grader should give it 0
+    elif policy == "nothing":
         agent = NothingPolicy()
     elif policy.startswith("openai:"):
         agent = OpenAIPolicy(policy[len("openai:"):], api_key=model_api_key)
     else:
         raise click.BadParameter("use oracle, nothing or openai:URL#MODEL", param_hint="--policy")
-    try:
-        spec = gym.spec(env_id)
-    except gym.error.Error as e:
-        raise click.BadParameter(str(e), param_hint="--env") from None
+    spec = _env_spec(env_id)
     extra = {k: v for k, v in (("split", split), ("image_prefix", image_prefix)) if v is not None}
     try:
         user_kw = dict(json.loads(env_kwargs))
@@ -228,6 +249,8 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
         probe = spec.make(**env_kw, backend={"type": "local"}).unwrapped
     except (ValueError, FileNotFoundError, ImportError) as e:  # a bad task file names its line and field
         raise click.BadParameter(str(e), param_hint="--tasks") from None
+    except TypeError as e:  # an argument the env does not take
+        raise click.ClickException(f"--env-kwargs: {e}") from None
     ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
     if task_filter and len(ids) != len(set(task_filter)):
         raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
@@ -300,6 +323,22 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, backend, api_key, model
             "resolved" if t.reward > 0 else "TAMPERING" if (t.report or {}).get("tampering") else "unresolved"
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
+    from .cli_exit import exit_if_failed
+
+    exit_if_failed(len(results) - len(ok) - broken, len(results), max_error_rate,
+                    next((t.error for t in results if t.error and t.error_kind != "grading"), None))
+
+
+def _env_spec(env_id: str):
+    """The registered spec of ENV_ID, or a one-line --env error."""
+    import gymnasium as gym
+
+    import orchard_gym  # noqa: F401 - registers the ids
+
+    try:
+        return gym.spec(env_id)
+    except gym.error.Error as e:
+        raise click.ClickException(f"--env: {e}") from None
 
 
 def _echo_pass_at_k(results, k: int) -> None:
@@ -466,7 +505,16 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     except json.JSONDecodeError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint="--env-kwargs") from None
     price = _prices(price_cpu_hour, price_1k_tokens)
+    from pathlib import Path
+
+    if not (Path(model_path) / "config.json").is_file():
+        raise click.ClickException(f"--model {model_path}: not a model folder (no config.json)")
+    try:  # the env and its kwargs, before a model is loaded
+        _env_spec(env_id).make(**kwargs, backend={"type": "local"}).close()
+    except (TypeError, ValueError) as e:
+        raise click.ClickException(f"--env-kwargs: {e}") from None
     try:
+        import trl  # noqa: F401 - the train extra, checked before anything starts
         from orchard_gym.algos.agent_rollout import SamplingParams
         from orchard_gym.algos.bar import BARConfig
         from orchard_gym.algos.grpo import AgentGRPOArgs, train as run_training

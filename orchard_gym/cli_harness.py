@@ -26,7 +26,7 @@ def harness_names(value: str) -> list[str]:
 def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backend_kwargs: dict,
                    model_api_key: str | None, episodes: int | None, attempts: int, concurrency: int,
                    max_steps: int, task_filter: tuple, out: str | None, max_seconds: float = 900.0,
-                   price=None) -> None:
+                   price=None, max_error_rate: float | None = None) -> None:
     import gymnasium as gym
 
     from orchard_gym.wrappers.harness_eval import evaluate_harnesses, format_table, policy_from_spec
@@ -66,3 +66,6 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
         if r.error:
             click.echo(f"  ERROR {r.harness}/{r.task_id}: {r.error[:300]}")
     click.echo(f"runs (trajectories and every recorded call): {out_path}")
+    from orchard_gym.cli_exit import exit_if_failed
+
+    exit_if_failed(sum(1 for r in runs if r.error), len(runs), max_error_rate, next((r.error for r in runs if r.error), None))

@@ -59,6 +59,7 @@ def load_run(path: str | Path) -> list[dict]:
         if not isinstance(raw, dict):
             problems.append(f"line {number}: a trajectory is a JSON object, not {type(raw).__name__}")
             continue
+        raw = _harness_run(raw)
         try:
             Trajectory.model_validate(_validatable(raw))
         except ValidationError as e:
@@ -72,6 +73,17 @@ def load_run(path: str | Path) -> list[dict]:
     if not episodes:
         raise ViewerError(f"{path}: no trajectories in it (empty file?)")
     return episodes
+
+
+def _harness_run(raw: dict) -> dict:
+    """A line of `orchard eval --harness` ({"harness", "trajectory", "record", ...}) -> its trajectory,
+    the harness and call count in its metadata; other lines as they are."""
+    if not ("harness" in raw and isinstance(raw.get("trajectory"), dict)):
+        return raw
+    t = raw["trajectory"] or {"env_id": "?", "task_id": raw.get("task_id", "?")}  # the run failed before an episode
+    meta = {**(t.get("metadata") or {}), "harness": raw["harness"], "calls": raw.get("calls")}
+    return {**t, "metadata": meta, "reward": raw.get("reward", t.get("reward", 0.0)),
+            "error": raw.get("error") or t.get("error")}
 
 
 def _validatable(raw: dict) -> dict:
@@ -320,14 +332,32 @@ def summary_html(name: str, episodes: list[dict]) -> str:
              ("wall time", f"{wall:.1f}s")]
     cards = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div></div>'
                     for k, v in stats)
+    # extra dimensions where the file has them: a training run's step, a harness comparison's harness
+    dims = [k for k in ("step", "harness") if any(k in (ep.get("metadata") or {}) for ep in episodes)]
     rows = "".join(
-        f'<tr><td><a href="#ep{i}">#{i}</a></td><td>{esc(ep["task_id"])}</td><td>{esc(ep["env_id"])}</td>'
+        f'<tr><td><a href="#ep{i}">#{i}</a></td>'
+        + "".join(f'<td>{esc((ep.get("metadata") or {}).get(k, ""))}</td>' for k in dims)
+        + f'<td>{esc(ep["task_id"])}</td><td>{esc(ep["env_id"])}</td>'
         f'<td>{float(ep.get("reward") or 0):.3f}</td><td>{len(ep.get("turns") or [])}</td>'
         f'<td><span class="badge {_outcome(ep)[1]}">{_outcome(ep)[0]}</span></td></tr>'
         for i, ep in enumerate(episodes, 1))
-    return (f'<h1>{esc(name)}</h1><div class="cards">{cards}</div>'
-            f'<table class="episodes"><tr><th></th><th>task</th><th>env</th><th>reward</th><th>turns</th>'
-            f'<th>outcome</th></tr>{rows}</table>')
+    return (f'<h1>{esc(name)}</h1><div class="cards">{cards}</div>' + "".join(_by_html(k, episodes) for k in dims)
+            + '<table class="episodes"><tr><th></th>' + "".join(f"<th>{k}</th>" for k in dims)
+            + f'<th>task</th><th>env</th><th>reward</th><th>turns</th><th>outcome</th></tr>{rows}</table>')
+
+
+def _by_html(key: str, episodes: list[dict]) -> str:
+    """Episodes, resolved share and mean reward per value of metadata[KEY] (a step, a harness)."""
+    groups: dict[Any, list[dict]] = {}
+    for ep in episodes:
+        groups.setdefault((ep.get("metadata") or {}).get(key, "-"), []).append(ep)
+    rows = "".join(
+        f"<tr><td>{esc(value)}</td><td>{len(eps)}</td>"
+        f"<td>{sum(_outcome(e)[0] == 'resolved' for e in eps) / len(eps):.1%}</td>"
+        f"<td>{sum(float(e.get('reward') or 0) for e in eps) / len(eps):.3f}</td></tr>"
+        for value, eps in sorted(groups.items(), key=lambda kv: (isinstance(kv[0], str), kv[0])))
+    return (f'<h3>by {esc(key)}</h3><table class="by-{esc(key)}"><tr><th>{esc(key)}</th><th>episodes</th>'
+            f"<th>resolved</th><th>mean reward</th></tr>{rows}</table>")
 
 
 CSS = """

@@ -31,10 +31,12 @@ import json
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
 
+warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per evaluation
 torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "2")))
 
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402

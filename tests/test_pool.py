@@ -226,6 +226,13 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
         assert set(asyncio.run(_left_in(root))) == {sid, labelled}
         alice.close()
         bob.close()
+        # a restart (state in memory: the records are gone, pools or not): the plain sandbox is
+        # adopted (its owner label is on it); the claimed pooled one, which only the lost record
+        # made anyone's, is swept instead of running on unreachable
+        orch = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, api_keys=f"{ALICE},{BOB}")
+        with orch.http() as again:
+            assert wait_until(lambda: set(asyncio.run(_left_in(root))) == {labelled}, 30), asyncio.run(_left_in(root))
+            assert [s["sandbox_id"] for s in again.get("/sandboxes").json()] == [labelled]
     finally:
         orch.stop()
         remove_all_sandboxes(root)

@@ -196,3 +196,29 @@ def test_screenshot_references(tmp_path):
     assert len(list((tmp_path / "out" / "images").iterdir())) == 2
     assert text.count('class="shot"') == 2 and text.count("not a PNG/JPEG/GIF/WebP") == 2
     assert "alert(1)" not in text
+
+
+def test_harness_runs_and_training_steps_are_viewable(tmp_path):
+    """`orchard eval --harness` lines (a trajectory inside) and a training run's episodes
+    (metadata.step) are shown, with the harness / the step as columns and a table by each."""
+    from orchard_gym.viewer import load_run, write_report
+
+    ep = Trajectory(env_id="Orchard/SWE-v0", task_id="semver-3.0.2", reward=1.0, terminated=True).model_dump(mode="json")
+    harness = tmp_path / "harness.jsonl"
+    harness.write_text("".join(json.dumps(line) + "\n" for line in [
+        {"harness": "codex", "task_id": "semver-3.0.2", "reward": 1.0, "resolved": True, "error": None, "calls": 3,
+         "seconds": 9.0, "trajectory": ep, "record": {"calls": []}},
+        {"harness": "mini-swe-agent", "task_id": "semver-3.0.2", "reward": 0.0, "resolved": False,
+         "error": "HarnessError: it crashed", "calls": 0, "seconds": 1.0, "trajectory": {}, "record": None}]))
+    runs = load_run(harness)
+    assert [r["metadata"]["harness"] for r in runs] == ["codex", "mini-swe-agent"]
+    assert runs[1]["error"] == "HarnessError: it crashed"
+    page = write_report(harness, tmp_path / "h").read_text()
+    assert "<h3>by harness</h3>" in page and "<th>harness</th>" in page and ">codex<" in page
+
+    steps = tmp_path / "trajectories.jsonl"
+    steps.write_text("".join(Trajectory(env_id="Orchard/Toy-v0", task_id=f"write-00{i}", reward=float(i % 2),
+                                        metadata={"step": i // 2}).model_dump_json() + "\n" for i in range(6)))
+    page = write_report(steps, tmp_path / "s").read_text()
+    assert "<h3>by step</h3>" in page and "<th>step</th>" in page
+    assert page.count("<td>50.0%</td>") == 3  # each of the 3 steps: one of two resolved

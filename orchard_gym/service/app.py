@@ -31,7 +31,7 @@ from .errors import status_of
 from .execs import ExecManager
 from .logs import request_id, setup_logging
 from .metrics import Metrics
-from .pools import ServicePools
+from .pools import ServicePools, sweep_left_behind
 from .reconciler import Reconciler
 from .sandboxes import SandboxManager
 from .settings import ServiceSettings, is_loopback
@@ -98,6 +98,10 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
         except Exception:
             log.exception("first reconciliation pass failed")
         reconciler.start()
+        try:
+            await sweep_left_behind(the_backend, the_store, settings.replica_id)
+        except Exception:
+            log.exception("could not sweep the pools of replicas that are gone")
         if settings.pools:
             sandboxes.pools = ServicePools(settings.pool_specs(), the_backend, the_store, settings.replica_id)
             await sandboxes.pools.start()

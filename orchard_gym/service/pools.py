@@ -6,7 +6,7 @@ A claim turns it into a record owned by the claiming key (`OWNER_LABEL` in the r
 which is what every route checks), so a sandbox claimed by key A is A's alone; from then
 on it is deleted, reaped and failed like any other sandbox.
 
-Pools are per replica. On start, a replica deletes the pooled sandboxes of replicas that
+Pools are per replica. On start, a replica (pools or not) deletes the pooled sandboxes of replicas that
 are gone and that no record claims (an idle pool a dead replica left behind).
 """
 
@@ -46,29 +46,30 @@ class BackendProvider:
         await self.backend.delete(sandbox_id)
 
 
+async def sweep_left_behind(backend, store: Store, replica: str) -> None:
+    """On a replica's start, pools or not: delete the pooled sandboxes of replicas that are gone
+    that no record claims: idle ones, and claimed ones whose record went with an in-memory
+    state (unreachable by anyone, and no owner label on them to adopt them by)."""
+    for record in await backend.list():
+        pool_of = record.labels.get(POOL_LABEL)
+        if not pool_of or pool_of == replica or OWNER_LABEL in record.labels:
+            continue
+        # an in-memory state is one replica's: any other replica's pool is a previous run's
+        gone = store.kind == "memory" or not await store.replica_alive(pool_of)
+        if gone and await store.get_sandbox(record.sandbox_id) is None:
+            await backend.delete(record.sandbox_id)
+            log.info("sandbox deleted", extra={"sandbox_id": record.sandbox_id,
+                                               "reason": "in the pool of a replica that is gone, claimed by no record"})
+
+
 class ServicePools:
     def __init__(self, specs: list[PoolSpec], backend, store: Store, replica: str):
         self.backend, self.store, self.replica = backend, store, replica
         self.pools = PoolSet(specs, BackendProvider(backend), labels={POOL_LABEL: replica})
 
     async def start(self) -> None:
-        if not self.pools:
-            return
-        try:
-            await self._sweep_left_behind()
-        except Exception:
-            log.exception("could not sweep the pools of replicas that are gone")
-        self.pools.start()
-
-    async def _sweep_left_behind(self) -> None:
-        for record in await self.backend.list():
-            replica = record.labels.get(POOL_LABEL)
-            if not replica or replica == self.replica or OWNER_LABEL in record.labels:
-                continue
-            if await self.store.get_sandbox(record.sandbox_id) is None and not await self.store.replica_alive(replica):
-                await self.backend.delete(record.sandbox_id)
-                log.info("sandbox deleted", extra={"sandbox_id": record.sandbox_id,
-                                                   "reason": "idle in the pool of a replica that is gone"})
+        if self.pools:
+            self.pools.start()
 
     async def claim(self, spec: SandboxSpec, owner: str, ready_timeout: float) \
             -> tuple[SandboxRecord, AgentEndpoint] | None:

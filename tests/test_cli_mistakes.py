@@ -1,0 +1,121 @@
+"""The mistakes a new user makes, fed to each subcommand: one line on stderr (no traceback),
+a non-zero exit, and nothing left running (every process the command started, daemons
+included, carries a marker in its environment; none may be alive afterwards)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from conftest import REPO, marked_pids, wait_until
+
+DEAD = "openai:http://127.0.0.1:9/v1#m"  # port 9 (discard): nothing listens
+TOY = ["--env", "Orchard/Toy-v0", "--env-kwargs", '{"kinds": ["write"], "num_tasks": 2}']
+
+
+def run_cli(args, tmp_path, *, block_module: str | None = None, timeout: float = 240):
+    """`orchard ARGS` in a child process (optionally with MODULE uninstalled, as without its extra)."""
+    mark = uuid.uuid4().hex
+    prelude = f"import sys; sys.modules[{block_module!r}] = None; " if block_module else "import sys; "
+    code = prelude + "from orchard_gym.cli import main; sys.argv = ['orchard', *sys.argv[1:]]; main()"
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
+    r = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
+    return r, marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
+
+
+def one_line_error(r) -> str:
+    assert r.returncode != 0, (r.returncode, r.stdout[-2000:], r.stderr[-2000:])
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr[-3000:]
+    return lines[0]
+
+
+MISTAKES = [
+    pytest.param(["train", "grpo", "--model", "runs/nope", *TOY], "not a model folder", None, id="grpo-missing-model"),
+    pytest.param(["train", "grpo", "--model", "MODEL", "--env", "Orchard/Nope-v0"], "--env", None,
+                 id="grpo-unknown-env"),
+    pytest.param(["train", "grpo", "--model", "MODEL", "--env", "Orchard/Toy-v0", "--env-kwargs", '{"nope": 1}'],
+                 "--env-kwargs", None, id="grpo-bad-env-kwargs"),
+    pytest.param(["eval", "--env", "Orchard/Nope-v0"], "--env", None, id="eval-unknown-env"),
+    pytest.param(["eval", "--env", "Orchard/Toy-v0", "--env-kwargs", '{"nope": 1}'], "--env-kwargs", None,
+                 id="eval-bad-env-kwargs"),
+    pytest.param(["eval", "--env", "Orchard/Toy-v0", "--env-kwargs", "{nope"], "--env-kwargs", None,
+                 id="eval-env-kwargs-not-json"),
+    pytest.param(["eval", "--env", "Orchard/Toy-v0", "--policy", "gpt"], "--policy", None, id="eval-unknown-policy"),
+    pytest.param(["eval", "--harness", "codex", "--env", "Orchard/Toy-v0", "--policy", "nothing"], "server extra",
+                 "fastapi", id="eval-harness-without-server-extra"),
+    pytest.param(["serve", "--port", "0"], "server extra", "fastapi", id="serve-without-server-extra"),
+    pytest.param(["proxy", "--port", "0"], "server extra", "fastapi", id="proxy-without-server-extra"),
+    pytest.param(["train", "grpo", "--model", "MODEL", *TOY], "train extra", "trl", id="grpo-without-train-extra"),
+    pytest.param(["eval", *TOY, "--policy", DEAD, "-n", "2", "--max-steps", "2"], "all 2 episodes failed", None,
+                 id="eval-dead-endpoint"),
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """Something that looks like a model folder: the checks under test come before any loading."""
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text("{}")
+    return d
+
+
+@pytest.mark.parametrize("args, says, block, ", MISTAKES)
+def test_a_mistake_gets_one_line_and_leaves_nothing_running(args, says, block, tmp_path, model_dir):
+    args = [str(model_dir) if a == "MODEL" else a for a in args]
+    if block is None and args[0] == "eval" and "--policy" in args and DEAD in args:
+        # the run's summary goes to stdout; the verdict is the last line of stderr
+        r, left = run_cli(args, tmp_path)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+        last = r.stderr.strip().splitlines()[-1]
+    else:
+        r, left = run_cli(args, tmp_path, block_module=block)
+        last = one_line_error(r)
+    assert says in last, last
+    assert not left, f"still running: {left}"
+
+
+def test_a_threshold_lets_a_partly_failed_run_pass(tmp_path):
+    """--max-error-rate 1.0: failures are reported, the exit is 0."""
+    r, left = run_cli(["eval", *TOY, "--policy", DEAD, "-n", "1", "--max-steps", "2", "--max-error-rate", "1.0"],
+                      tmp_path)
+    assert r.returncode == 0 and "ERROR" in r.stdout, (r.stdout[-2000:], r.stderr[-2000:])
+    assert not left
+
+
+def test_the_nothing_policy_is_a_baseline(tmp_path):
+    r, left = run_cli(["eval", *TOY, "--policy", "nothing", "--out", "runs/n.jsonl"], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "resolved 0/2" in r.stdout and "infrastructure errors 0" in r.stdout, r.stdout
+    assert Path(tmp_path / "runs/n.jsonl").read_text().count("\n") == 2
+    assert not left
+
+
+def test_repo_is_importable_from_tmp():  # the child processes import the worktree's package
+    assert str(REPO) in subprocess.run([sys.executable, "-c", "import orchard_gym; print(orchard_gym.__file__)"],
+                                       capture_output=True, text=True, cwd="/").stdout
+
+
+@pytest.mark.parametrize("after", [6.0, 12.0])  # after the imports: set-up (the first sandboxes), then mid-run
+def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
+    import signal
+    import time
+
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
+    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "400"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground process)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("Error: interrupted"), err[-3000:]
+    wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
+    assert not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
