@@ -26,4 +26,5 @@ export PATH="$PWD/.venv/bin:$PATH"
 # only the variant limits in docs/testing.md may skip. A module that cannot even be
 # imported is an error, and the rest of the suite still runs.
 export ORCHARD_REQUIRE=all
+ruff check .   # the linter (config in pyproject.toml): a finding fails the run before the tests start
 python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 "$@"   # no exec: the trap must run after it

@@ -242,7 +242,7 @@ async def test_bookmarks_keep_the_resume_point_fresh(instant):
         await backend.list()
         w = backend.watcher
         # writes the watch does not select (someone else's secrets) move the server's resourceVersion on
-        for i in range(3):
+        for _ in range(3):
             name = f"unrelated-{uuid.uuid4().hex[:8]}"
             instant.kube("POST", instant.pod_path(kind="secrets"), {"metadata": {"name": name}, "stringData": {"a": "b"}})
             instant.kube("DELETE", instant.pod_path(name, kind="secrets"))

@@ -201,7 +201,7 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
     try:
         alice = httpx.Client(base_url=orch.url, headers={"X-API-Key": ALICE}, timeout=30)
         bob = httpx.Client(base_url=orch.url, headers={"X-API-Key": BOB}, timeout=30)
-        pools = lambda: alice.get("/resources").json()["pools"][0]  # noqa: E731
+        pools = lambda: alice.get("/resources").json()["pools"][0]
         wait_until(lambda: pools()["ready"] == 1, 60)
         idle = set(asyncio.run(_left_in(root)))
         assert alice.get("/sandboxes").json() == [] and bob.get("/sandboxes").json() == []  # idle: nobody's

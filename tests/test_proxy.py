@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module
 
 openai = require_module("openai", "openai")
 require_module("server", "fastapi")

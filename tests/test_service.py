@@ -17,7 +17,7 @@ import httpx
 import pytest
 from service_helpers import API_KEY, REPO, Orchestrator, remove_all_sandboxes, short_root
 
-from conftest import HAS_BWRAP, kill_agent, marked_pids, needs_bwrap, require_module, sandbox_pids, wait_until, zygote_agent_pid
+from conftest import kill_agent, marked_pids, needs_bwrap, require_module, sandbox_pids, wait_until, zygote_agent_pid
 from orchard_gym import AgentUnavailable, AuthenticationError, SandboxFailed, SandboxNotFound
 
 require_module("server", "fastapi")

@@ -39,7 +39,7 @@ try:  # in the package on the host
     from . import claw_tools
 except ImportError:  # a script in the sandbox (-I leaves the script's folder off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import claw_tools  # noqa: E402
+    import claw_tools
 
 MAX_REQUEST = 16 * 1024 * 1024  # bytes read from one connection
 MAX_ARGS = 1024 * 1024          # bytes of JSON arguments one call may carry
