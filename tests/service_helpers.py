@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -138,6 +139,12 @@ class Orchestrator:
         from orchard_gym import SandboxClient
 
         return SandboxClient(base_url=self.url, api_key=self.api_key, **kw)
+
+    def reconcile_passes(self) -> int:
+        """How many reconciliation passes this replica has made as the leader (from its /metrics)."""
+        with self.http() as http:
+            text = http.get("/metrics").text
+        return int(float(re.search(r"^orchard_reconcile_seconds_count (\S+)$", text, re.M).group(1)))
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""

@@ -182,7 +182,7 @@ def test_close_while_filling_leaves_nothing(root):
     async def main():
         before = _own_tasks()
         client = AsyncSandboxClient({"type": "local", "root": str(root)}, pool={"host": {"size": 6, "parallel": 3}})
-        await asyncio.sleep(0.05)  # creations in flight
+        await _eventually(lambda: client.pool_stats()[0]["creating"] > 0, 30)  # creations in flight
         await client.aclose()
         assert client.pool_stats()[0]["ready"] == 0
         assert _own_tasks() == before
