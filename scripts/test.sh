@@ -31,6 +31,7 @@ export PATH="$PWD/.venv/bin:$PATH"
 # imported is an error, and the rest of the suite still runs.
 export ORCHARD_REQUIRE=all
 ruff check .   # the linter (config in pyproject.toml): a finding fails the run before the tests start
+mypy           # the type checker on the ground floor's core types (pyproject.toml [tool.mypy])
 # --dist loadfile: a module's tests stay in one worker, in order, sharing its module fixtures
 python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 \
   -n "${ORCHARD_TEST_WORKERS:-4}" --dist loadfile "$@"   # no exec: the trap must run after it
