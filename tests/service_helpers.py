@@ -116,7 +116,7 @@ class Orchestrator:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "orchard_gym.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
                 env=self.env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine (parallel workers) can take 20 s to import and start
         while True:
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
