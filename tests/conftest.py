@@ -145,7 +145,7 @@ class AgentProcess:
         self.http.close()
         self.anon.close()
         self.proc.terminate()
-        self.proc.wait(5)
+        self.proc.wait(30)  # SIGTERM is handled at once, but a loaded machine schedules it late
 
 
 @pytest.fixture
