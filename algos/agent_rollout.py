@@ -204,7 +204,7 @@ class BatchedGenerator:
             try:
                 results = await run_in_thread(self._generate_batch, [b[0] for b in batch], [b[1] for b in batch],
                                               [b[3] for b in batch])
-            except BaseException as e:  # noqa: BLE001 - handed to every waiting episode
+            except BaseException as e:  # handed to every waiting episode
                 for _, _, future, _ in batch:
                     if not future.done():
                         future.set_exception(e)
@@ -432,7 +432,7 @@ class EpisodeRunner:
         finally:
             try:
                 await env.aclose()
-            except Exception:  # noqa: BLE001 - cleanup of a sandbox that may be gone
+            except Exception:  # cleanup of a sandbox that may be gone
                 pass
         return self.sample(task_id, trajectory, policy, started, max_steps, max_seconds)
 

@@ -71,7 +71,7 @@ async def run_branched(runner: EpisodeRunner, task_id: str, n: int, at: int, max
                 except TimeoutError:
                     trajectory = env.trajectory
                     trajectory.error = f"aborted: the wall-clock budget of {max_seconds:.0f}s ran out"
-                except Exception as e:  # noqa: BLE001 - one failed fork is one excluded sample
+                except Exception as e:  # one failed fork is one excluded sample
                     trajectory = env.trajectory or root_env.trajectory.model_copy(deep=True)
                     trajectory.error = f"fork failed: {type(e).__name__}: {e}"
                 finally:

@@ -152,7 +152,7 @@ class PromptJudge:
             text = self.complete(self.prompt(entry))
         except JudgeError:
             raise
-        except Exception as e:  # noqa: BLE001 - any failure of the judge drops the trajectory
+        except Exception as e:  # any failure of the judge drops the trajectory
             raise JudgeError(f"judge call failed: {type(e).__name__}: {e}") from None
         return interpolate(parse_judgement(text, n), n + 1)
 

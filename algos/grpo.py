@@ -377,7 +377,7 @@ class AgentRolloutFunc:
             scorer.close()
         try:
             LoopThread.shared().run(self.runner.aclose())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

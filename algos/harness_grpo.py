@@ -285,7 +285,7 @@ class HarnessRolloutFunc:
                     obs, reward, terminated, truncated, info = await env.astep(message, tokens=tokens)
                     if terminated or truncated:
                         break
-            except Exception as e:  # noqa: BLE001 - reset failed: an errored run, no samples
+            except Exception as e:  # reset failed: an errored run, no samples
                 error = f"{type(e).__name__}: {e}"
             t = env.trajectory
             error = error or (t.error if t is not None else "no episode")

@@ -290,7 +290,7 @@ class OPDScorer:
                     rows = await asyncio.wait_for(self.teacher.logprobs(chunk, chunk_starts), self.config.timeout)
                 except TimeoutError:
                     return [TeacherError(f"teacher timed out after {self.config.timeout:.0f}s")] * len(chunk)
-                except Exception as e:  # noqa: BLE001 - any failure drops these samples, reported
+                except Exception as e:  # any failure drops these samples, reported
                     return [e if isinstance(e, TeacherError) else TeacherError(f"{type(e).__name__}: {e}")] * len(chunk)
                 for row, seq, start in zip(rows, chunk, chunk_starts, strict=True):
                     if len(row) != len(seq) - start:
@@ -303,7 +303,7 @@ class OPDScorer:
     def close(self) -> None:
         try:
             LoopThread.shared().run(self.teacher.aclose())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

@@ -396,7 +396,7 @@ class RPRScorer:
                     return await judge_once(self.judge, self.rubric, summary, self.config.timeout)
                 except JudgeError as e:
                     return e
-                except Exception as e:  # noqa: BLE001 - any failure drops the sample, reported
+                except Exception as e:  # any failure drops the sample, reported
                     return JudgeError(f"{type(e).__name__}: {e}")
 
         return list(await asyncio.gather(*(one(s) for s in summaries)))
@@ -404,6 +404,6 @@ class RPRScorer:
     def close(self) -> None:
         try:
             LoopThread.shared().run(self.judge.aclose())
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
@@ -273,7 +273,7 @@ class KubernetesBackendConfig(BaseModel):
         return KubernetesBackend(self)
 
 
-BackendConfig = Annotated[Union[LocalBackendConfig, DockerBackendConfig, KubernetesBackendConfig],
+BackendConfig = Annotated[LocalBackendConfig | DockerBackendConfig | KubernetesBackendConfig,
                           Field(discriminator="type")]
 _adapter: TypeAdapter = TypeAdapter(BackendConfig)
 

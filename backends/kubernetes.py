@@ -56,7 +56,7 @@ import re
 import threading
 import time
 from collections import Counter, OrderedDict
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from orchard_gym._loop import run_in_thread
 from orchard_gym.agent_client import AgentClient
@@ -76,7 +76,7 @@ from .docker import owner_gone, owner_identity
 from .kubernetes_api import ApiCalls
 from .kubernetes_manifests import TASK_CONTAINER, PodManifests
 from .snapshots_k8s import DirectorySnapshotStore, KubernetesSnapshots, default_snapshot_dir
-from .kubernetes_watch import (  # noqa: F401 - pod_status & co. are part of this module's API
+from .kubernetes_watch import (
     TOMBSTONES,
     PodWatcher,
     _api_message,
@@ -421,7 +421,7 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
                     raise SandboxTimeout(f"sandbox {sid} not ready after {timeout:.0f}s ({pod_summary(pod)})")
                 try:
                     await asyncio.wait_for(fut, left if watched else min(left, 0.5))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             finally:
                 self.watcher.drop_waiter(sid, fut)
@@ -590,6 +590,6 @@ def _secret_token(secret: dict | None, key: str = "token") -> str | None:
 def _created(meta: dict) -> float:
     try:
         return datetime.strptime(meta.get("creationTimestamp", ""), "%Y-%m-%dT%H:%M:%SZ").replace(
-            tzinfo=timezone.utc).timestamp()
+            tzinfo=UTC).timestamp()
     except ValueError:
         return time.time()

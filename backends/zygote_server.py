@@ -231,7 +231,7 @@ def _load_agent(agent_dir: str):
     spec.loader.exec_module(module)
     import local_view  # noqa: F401
     import resource  # noqa: F401  what the agent imports lazily
-    import zygote_ns  # noqa: F401
+    import zygote_ns
 
     if not zygote_ns.has_mount_setattr():
         raise SystemExit("zygote: the kernel has no mount_setattr (Linux 5.12+ needed)")

@@ -141,7 +141,7 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
     async with gate:
         try:
             obs, info = await env.areset(seed=seed, options={"task_id": task_id} if task_id else None)
-        except Exception as e:  # noqa: BLE001 - a tree that cannot start is a failed root, not a crash of the batch
+        except Exception as e:  # a tree that cannot start is a failed root, not a crash of the batch
             root = Trajectory(env_id=env.env_id, task_id=task_id or "?", ended_at=time.time(),
                               error=f"reset failed: {type(e).__name__}: {e}")
             root.metadata["branch"] = {"tree": tree_id, "seq": seq, "at": None, "index": None}
@@ -183,7 +183,7 @@ async def _continue(parent: SandboxEnv, snap: EnvSnapshot, policy: Policy, messa
         try:
             try:
                 await env.areset(options={"snapshot": snap})
-            except Exception as e:  # noqa: BLE001 - one failed fork is one failed sample
+            except Exception as e:  # one failed fork is one failed sample
                 t = snap.trajectory.model_copy(deep=True)
                 t.error, t.ended_at = f"fork failed: {type(e).__name__}: {e}", time.time()
                 t.metadata["branch"] = branch

@@ -74,7 +74,7 @@ def _keep(screenshots: ScreenshotSink, trajectory: Trajectory, index: int, obs: 
     """A screenshot kept for the record; one that cannot be kept is noted, the episode goes on."""
     try:
         return screenshots(trajectory, index, obs.get("screenshot"))
-    except Exception as e:  # noqa: BLE001 - a record-keeping failure must not end the episode
+    except Exception as e:  # a record-keeping failure must not end the episode
         trajectory.metadata.setdefault("screenshot_errors", []).append(f"turn {index}: {type(e).__name__}: {e}")
         return None
 

@@ -25,7 +25,7 @@ from .terminal import AsyncPtyProcess, PtyError, PtyProcess
 
 __version__ = "0.1.0"
 
-from .registration import register_envs as _register_envs  # noqa: E402
+from .registration import register_envs as _register_envs
 
 _register_envs()
 

@@ -527,7 +527,7 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     if harness is not None and (opd_teacher or rpr_judge or branch_at is not None):
         raise click.UsageError("--harness does not combine with --opd-teacher / --rpr-judge / --branch-at yet")
     if harness is not None:  # each rollout a harness run, each recorded call a sample (algos/harness_grpo.py)
-        from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training  # noqa: N814
+        from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training
 
         harness_kwargs = {"harness": harness, "gamma": gamma, "max_calls": max_calls}
     try:

@@ -281,7 +281,7 @@ async def collect(instance: Any, timeout: float = ACCOUNT_TIMEOUT) -> SandboxUsa
                 setattr(usage, key, found[key])
         if resources.get("accounting_note"):
             notes.append(resources["accounting_note"])
-    except Exception as e:  # noqa: BLE001 - accounting must never stop a delete
+    except Exception as e:  # accounting must never stop a delete
         notes.append(f"resources: {type(e).__name__}: {e}")
     missing = usage.cpu_seconds is None or usage.memory_peak_bytes is None
     if missing and record.backend != "local":  # a local sandbox's cgroupfs is the host's: never read it
@@ -297,7 +297,7 @@ async def collect(instance: Any, timeout: float = ACCOUNT_TIMEOUT) -> SandboxUsa
             usage.memory_bytes = usage.memory_bytes or found["memory_bytes"]
             if found["cpu_seconds"] is None:
                 notes.append("no cgroup accounting visible inside the sandbox")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             notes.append(f"in-sandbox read: {type(e).__name__}: {e}")
     if usage.cpu_seconds is None:
         usage.source = "none"

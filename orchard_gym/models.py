@@ -7,6 +7,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from datetime import UTC
 
 SANDBOX_ID_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 HOST_IMAGES = (None, "", "host")  # what `image` says for "no image" (the local backend's host view)
@@ -61,19 +62,19 @@ Memory = Annotated[int | str, AfterValidator(_checked_memory)]
 def parse_mtime(value):
     """A modification time: seconds since the epoch, or the ISO 8601 string of the REST API."""
     if isinstance(value, str):
-        from datetime import datetime, timezone
+        from datetime import datetime
         try:
             stamp = datetime.fromisoformat(value)
         except ValueError:
             raise ValueError(f"cannot read modification time {value!r}") from None
-        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=timezone.utc)).timestamp()
+        return (stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp()
     return value
 
 
 def iso_mtime(seconds: float) -> str:
     """The REST API's `modified`: ISO 8601 in UTC, as a string (Orchard Env's SDK reads a string)."""
-    from datetime import datetime, timezone
-    return datetime.fromtimestamp(seconds, timezone.utc).isoformat()
+    from datetime import datetime
+    return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
 class SandboxSpec(BaseModel):

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchard_gym import AsyncSandboxClient  # noqa: E402
-from orchard_gym.envs.claw.env import ClawEnv  # noqa: E402
-from orchard_gym.envs.claw.sandbox import claw_wire  # noqa: E402
+from orchard_gym import AsyncSandboxClient
+from orchard_gym.envs.claw.env import ClawEnv
+from orchard_gym.envs.claw.sandbox import claw_wire
 
 
 async def timed(n: int, fn) -> list[float]:

@@ -165,7 +165,7 @@ async def main(args) -> None:
             ctx = env._ctx
             raw = await timed(lambda: ctx.sandbox.exec("true", cwd=ctx.cwd, env=ctx.env), args.n)
             step = await timed(lambda: env.astep({"name": "bash", "arguments": {"command": "true"}}), args.n)
-            rows.append((f"raw sdk exec('true')", raw))
+            rows.append(("raw sdk exec('true')", raw))
             rows.append((f"env.step(bash 'true'){' + fingerprint' if fingerprint else ''}", step))
             await env.aclose()
         env = SWEEnv(client=client)

@@ -25,10 +25,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchard_gym import AsyncSandboxClient  # noqa: E402
-from orchard_gym.envs.gui.env import DEFAULT_IMAGE, GUIEnv  # noqa: E402
-from orchard_gym.envs.gui.tasks import load_tasks  # noqa: E402
-from orchard_gym.envs.rollout import run_episode  # noqa: E402
+from orchard_gym import AsyncSandboxClient
+from orchard_gym.envs.gui.env import DEFAULT_IMAGE, GUIEnv
+from orchard_gym.envs.gui.tasks import load_tasks
+from orchard_gym.envs.rollout import run_episode
 
 
 def pct(values: list[float], q: float) -> float:
@@ -134,7 +134,7 @@ async def latency(client, steps: int, rounds: int = 5) -> dict:
         rounds = max(1, min(rounds, steps))
         per = max(1, steps // rounds)
         times: dict[str, list[float]] = {"env_settle0": [], "env_settle_frame": [], "bare_xdotool_plus_grab": []}
-        for r_i in range(rounds):
+        for _ in range(rounds):
             for settle, label in ((0, "env_settle0"), ("frame", "env_settle_frame")):
                 env.settle = env._ctx.state["settle"] = settle
                 for i in range(per):

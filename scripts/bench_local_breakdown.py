@@ -69,7 +69,7 @@ def run(spawner: str, n: int, root: Path) -> dict:
             sandboxes = _sandbox_cgroups_cpu(own_cgroup) - sandboxes0
             z = (_proc_cpu(zygote, children=True) - z0) if zygote else 0.0
         del t0
-    ms = lambda s: s / n * 1000  # noqa: E731
+    ms = lambda s: s / n * 1000
     return {
         "client": ms(t2.user + t2.system - t1.user - t1.system),
         "client children (bwrap, agent start)": ms(t2.children_user + t2.children_system

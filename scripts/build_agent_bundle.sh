@@ -43,7 +43,7 @@ EXCLUDES=(
 )
 
 stamp() {
-  sha256sum "${BASH_SOURCE[0]}" "$PY"
+  cat "${BASH_SOURCE[0]}" "$PY" | sha256sum   # contents only: every checkout shares the cache
   dpkg-query -W -f '${Package}=${Version}\n' libc6 libpython$VER-stdlib libssl3 libffi8 ca-certificates 2>/dev/null || true
 }
 

@@ -290,7 +290,7 @@ def fam_helpdesk_triage(v, rng):
             call("drive_read_file", file_id="f1")]
     plan += [call("helpdesk_get_ticket", ticket_id=t["id"]) for t in tickets]
     checks = []
-    for t, (subject, level) in zip(tickets, chosen):
+    for t, (_subject, level) in zip(tickets, chosen):
         if level == "urgent":
             plan.append(call("helpdesk_update_ticket", ticket_id=t["id"], priority="urgent", assignee=oncall))
             checks.append({"type": "exists", "path": "helpdesk.tickets", "name": f"{t['id']} urgent and assigned",

@@ -23,10 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-import orchard_gym  # noqa: E402,F401
-from fake_k8s import FakeCluster  # noqa: E402
-from orchard_gym._loop import LoopThread  # noqa: E402
-from orchard_gym.envs.rollout import run_episode  # noqa: E402
+import orchard_gym  # noqa: F401
+from fake_k8s import FakeCluster
+from orchard_gym._loop import LoopThread
+from orchard_gym.envs.rollout import run_episode
 
 CASES = [("miniwob/click-button", "miniwob"), ("desktop/editor-replace", "desktop")]
 

@@ -64,7 +64,7 @@ def main() -> None:
                 raise SystemExit(f"unknown backend {name!r}")
             try:
                 usage, loop_wall = run(config, image, args.cpu, args.hog_mib)
-            except Exception as e:  # noqa: BLE001 - a backend this machine lacks: say so, go on
+            except Exception as e:  # a backend this machine lacks: say so, go on
                 rows.append((name, f"unavailable: {type(e).__name__}: {e}"[:100]))
                 continue
             peak = "-" if usage.memory_peak_bytes is None else f"{usage.memory_peak_bytes / 2**20:.1f}"

@@ -14,7 +14,6 @@ every step; plus the checks that rule out token misalignment:
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import sys

@@ -4,7 +4,8 @@ reverse KL on those samples after each step.
 
     python scripts/diag_opd_update.py runs/demo-opd-b 1e-3 8      # a folder from demo_opd.py, lr, steps
 """
-import copy, sys, torch
+import sys
+import torch
 torch.set_num_threads(1); torch.manual_seed(0)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 d = sys.argv[1]; lr = float(sys.argv[2]); steps = int(sys.argv[3])

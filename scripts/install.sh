@@ -18,18 +18,35 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
+# the CPU build lying on this machine's disk; an unpinned torch pulls a multi-GB CUDA build
+TORCH="torch==2.13.0"
+# SWE-bench's grading, without the harness's docker/modal/datasets dependencies
+# (envs/swe/grading.py imports only the pure modules it needs)
+SWEBENCH="swebench==5.0.2"
+pins=("$SWEBENCH")
+[[ ",$extras," == *",train,"* ]] && pins+=("$TORCH")
+
+# Nothing to do (pip takes ~45 s even then) when the last install here was of this very
+# pyproject.toml and these extras, and every requirement is still met from this checkout.
+stamp_file=.venv/.orchard-install-stamp
+stamp=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)-$extras
+if [[ -x .venv/bin/python && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]] &&
+   .venv/bin/python scripts/venv_current.py "$extras" "${pins[@]}"; then
+  echo "[install] .venv is current (pyproject.toml, extras '$extras'): nothing to install"
+  exit 0
+fi
+
 python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
+rm -f "$stamp_file"
 .venv/bin/python -m pip install -q --upgrade pip
 if [[ ",$extras," == *",train,"* ]]; then
-  # the CPU build lying on this machine's disk; an unpinned torch pulls a multi-GB CUDA build
-  .venv/bin/python -m pip install -q "torch==2.13.0"
+  .venv/bin/python -m pip install -q "$TORCH"
 fi
 spec="."
 [[ -n $extras ]] && spec=".[$extras]"
 echo "[install] pip install -e '$spec' into .venv"
 .venv/bin/python -m pip install -q -e "$spec"
-# SWE-bench's grading, without the harness's docker/modal/datasets dependencies
-# (envs/swe/grading.py imports only the pure modules it needs)
-.venv/bin/python -m pip install -q --no-deps "swebench==5.0.2"
+.venv/bin/python -m pip install -q --no-deps "$SWEBENCH"
+echo "$stamp" >"$stamp_file"
 echo "[install] done: .venv/bin/orchard --help"

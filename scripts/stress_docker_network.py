@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchard_gym import SandboxClient  # noqa: E402
+from orchard_gym import SandboxClient
 
 ARP_NOTIFY = Path("/proc/sys/net/ipv4/conf/all/arp_notify")
 BUSYBOX = "localhost/orchard/busybox:latest"

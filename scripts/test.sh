@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Everything the test suite needs on a fresh Debian machine, then the suite itself.
-# Idempotent; runs as root with no stdin (this is what CI runs, via .ci/run).
-#   bash scripts/test.sh [pytest args...]
+# Idempotent (a second run's set-up takes seconds); runs as root with no stdin (this is what
+# CI runs, via .ci/run). Tiers (docs/testing.md, tests/tiers.py):
+#   bash scripts/test.sh [pytest args...]          # the full suite
+#   bash scripts/test.sh --fast [pytest args...]   # the fast tier: unit and local-backend tests
+# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 4: most of a test's
+# time is spent waiting on sandboxes, so more workers than cores pays); `-n 0` runs in-process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +30,8 @@ export PATH="$PWD/.venv/bin:$PATH"
 # only the variant limits in docs/testing.md may skip. A module that cannot even be
 # imported is an error, and the rest of the suite still runs.
 export ORCHARD_REQUIRE=all
-python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 "$@"   # no exec: the trap must run after it
+ruff check .   # the linter (config in pyproject.toml): a finding fails the run before the tests start
+mypy           # the type checker on the ground floor's core types (pyproject.toml [tool.mypy])
+# --dist loadfile: a module's tests stay in one worker, in order, sharing its module fixtures
+python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 \
+  -n "${ORCHARD_TEST_WORKERS:-4}" --dist loadfile "$@"   # no exec: the trap must run after it

@@ -28,6 +28,8 @@ from components import (  # noqa: F401
     require_module,
     variant_limit,
 )
+# the test tiers (`--fast`, the `slow` mark of the full-suite-only tests); see tests/tiers.py
+from tiers import pytest_addoption, pytest_collection_modifyitems, pytest_ignore_collect  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
 AGENT_PY = REPO / "orchard_gym" / "agent"  # a folder: python runs its __main__.py
@@ -143,7 +145,7 @@ class AgentProcess:
         self.http.close()
         self.anon.close()
         self.proc.terminate()
-        self.proc.wait(5)
+        self.proc.wait(30)  # SIGTERM is handled at once, but a loaded machine schedules it late
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -115,7 +116,7 @@ class Orchestrator:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "orchard_gym.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)],
                 env=self.env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # a loaded machine (parallel workers) can take 20 s to import and start
         while True:
             try:
                 if httpx.get(self.url + "/health", timeout=1).status_code == 200:
@@ -138,6 +139,12 @@ class Orchestrator:
         from orchard_gym import SandboxClient
 
         return SandboxClient(base_url=self.url, api_key=self.api_key, **kw)
+
+    def reconcile_passes(self) -> int:
+        """How many reconciliation passes this replica has made as the leader (from its /metrics)."""
+        with self.http() as http:
+            text = http.get("/metrics").text
+        return int(float(re.search(r"^orchard_reconcile_seconds_count (\S+)$", text, re.M).group(1)))
 
     def kill(self) -> None:
         """SIGKILL: no shutdown code runs."""

@@ -27,7 +27,7 @@ GOLD = load_tasks("builtin")[TASK].patch
 def _installed() -> str | None:
     try:
         prefix = CLAUDE_CODE.install_npm()
-    except Exception as e:  # noqa: BLE001 - the reason is the skip/fail message
+    except Exception as e:  # the reason is the skip/fail message
         return f"{type(e).__name__}: {e}"
     return None if os.access(prefix / "node_modules" / ".bin" / "claude", os.X_OK) else f"no claude under {prefix}"
 

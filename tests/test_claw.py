@@ -127,7 +127,7 @@ GARBAGE = [
 
 def test_garbage_tool_calls_come_back_as_error_observations(env):
     env.reset(options={"task_id": "mail-reply-001"})
-    service = env.unwrapped._ctx.state["service"]
+    assert env.unwrapped._ctx.state["service"] is not None  # the Claw service is up
     for action, expect in GARBAGE:
         obs, reward, terminated, truncated, info = env.step(action)
         assert obs.startswith("Error:") and expect in obs, (action if len(str(action)) < 200 else "big", obs[:300])

@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from components import needs  # noqa: E402
-from conftest import require_module  # noqa: E402
+from components import needs
+from conftest import require_module
 
 torch = require_module("train", "torch")
 require_module("server", "starlette")

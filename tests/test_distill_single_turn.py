@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module
 
 torch = require_module("train", "torch")
 trl = require_module("train", "trl")

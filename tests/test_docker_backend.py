@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import time
 import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine, needs
+from conftest import DOCKER_IMAGES, docker_engine, needs, wait_until
 from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient
 from orchard_gym.backends.config import DockerBackendConfig, parse_backend_config
-from orchard_gym.errors import BackendError
+from orchard_gym.errors import BackendError, OrchardError
 
 gateway, why_not = docker_engine()
 pytestmark = [pytest.mark.docker, needs("docker", why_not)]
@@ -126,9 +125,9 @@ def test_delete_leaves_no_container_or_volume(client):
 
 def test_failed_container_says_why(client):
     box = client.create_sandbox(image=BUSYBOX)
-    with pytest.raises(Exception):
+    with pytest.raises(OrchardError):  # a typed error, whichever the race gives
         box.exec("kill -9 $PPID", timeout=5)
-    time.sleep(0.5)
+    wait_until(lambda: box.refresh().status == "failed", 10)  # the engine notices the exit
     record = box.refresh()
     assert record.status == "failed" and "with code" in record.error, record.error
     box.delete()

@@ -74,7 +74,7 @@ def test_concurrent_creates_fill_once_and_crashed_fill_is_redone():
         def ensure(backend):
             try:
                 names.append(backend.bundle.ensure(info))
-            except Exception as e:  # noqa: BLE001 - reported below
+            except Exception as e:  # reported below
                 errors.append(e)
 
         threads = [threading.Thread(target=ensure, args=(backends[i % 2],)) for i in range(6)]

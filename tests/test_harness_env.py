@@ -189,7 +189,7 @@ def test_concurrent_episodes_share_one_proxy_and_never_mix(local_root):
 
     results = asyncio.run(main())
     assert len({record.rollout_id for record, _ in results}) == 4
-    for i, (record, (obs, reward, terminated, truncated, info)) in enumerate(results):
+    for i, (record, (_obs, reward, terminated, _truncated, info)) in enumerate(results):
         assert terminated and reward == 0.0 and "error" not in info  # nothing fixed: graded 0, no error
         assert record.calls[1].messages[-1]["content"].strip() == f"episode-{i}"
 

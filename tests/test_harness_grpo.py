@@ -24,7 +24,6 @@ from harness_scripts import react  # noqa: E402
 from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.harness_grpo import (  # noqa: E402
     HarnessGRPOArgs,
-    HarnessRolloutFunc,
     build_trainer,
     grpo_config,
     parse_completion,

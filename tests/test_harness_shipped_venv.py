@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from orchard_gym.wrappers.harness import ShippedVenv
 from orchard_gym.wrappers.harness_install import HarnessInstallError, ensure_venv_payload, venv_python_version
 
-X_Y = "%d.%d" % sys.version_info[:2]
+X_Y = "{}.{}".format(*sys.version_info[:2])
 
 
 def _venv(tmp_path):

@@ -12,7 +12,7 @@ import io
 import numpy as np
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module
 from orchard_gym.envs.rollout import observation_messages, run_episodes
 from orchard_gym.envs.toy.colour import COLOURS, ColourEnv, square
 from orchard_gym.errors import InvalidRequest

@@ -54,6 +54,14 @@ async def eventually(predicate, timeout: float = 5.0):
         await asyncio.sleep(0.02)
 
 
+def owner_patched(cluster, backend, sandbox_id: str) -> bool:
+    """The background ownerReferences patch has landed on the sandbox's Secret and NetworkPolicy."""
+    name = backend._name(sandbox_id)
+    objects = [cluster.kube("GET", cluster.pod_path(name, kind="secrets")),
+               cluster.kube("GET", cluster.pod_path(f"{name}-egress", kind="networkpolicies"))]
+    return all(status == 404 or body["metadata"].get("ownerReferences") for status, body in objects)
+
+
 # --------------------------------------------------------------------------- config
 @pytest.mark.parametrize("bad", [
     {"namespace": "Not_A_Namespace"},
@@ -242,7 +250,7 @@ async def test_bookmarks_keep_the_resume_point_fresh(instant):
         await backend.list()
         w = backend.watcher
         # writes the watch does not select (someone else's secrets) move the server's resourceVersion on
-        for i in range(3):
+        for _ in range(3):
             name = f"unrelated-{uuid.uuid4().hex[:8]}"
             instant.kube("POST", instant.pod_path(kind="secrets"), {"metadata": {"name": name}, "stringData": {"a": "b"}})
             instant.kube("DELETE", instant.pod_path(name, kind="secrets"))
@@ -251,7 +259,11 @@ async def test_bookmarks_keep_the_resume_point_fresh(instant):
         assert w.stats["bookmarks"] >= 1
         instant.fault(compact=True, cut_watches=True)  # a resume from the bookmark's version is still valid
         assert await eventually(lambda: w.stats["resumes"] >= 1, 5)
-        await asyncio.sleep(0.3)
+        # the resumed watch carries on: it catches up with a later write, with no 410 and no re-list
+        name = f"unrelated-{uuid.uuid4().hex[:8]}"
+        instant.kube("POST", instant.pod_path(kind="secrets"), {"metadata": {"name": name}, "stringData": {"a": "b"}})
+        server_rv = str(instant.stats()["resource_version"])
+        assert await eventually(lambda: w.resource_version == server_rv, 5), (w.resource_version, server_rv)
         assert w.stats["gone"] == 0 and w.stats["lists"] == 1, w.stats
     finally:
         await backend.aclose()
@@ -270,9 +282,9 @@ async def test_429_and_5xx_are_retried_with_backoff(instant):
         assert backend.counters["retried"] >= 2
         instant.fault(throttle=1, retry_after=1)  # Retry-After is honoured
         started = time.monotonic()
-        await backend.create(SandboxSpec(image=BUSYBOX))
+        record = await backend.create(SandboxSpec(image=BUSYBOX))
         assert time.monotonic() - started >= 1.0
-        await asyncio.sleep(0.3)  # let the last create's background owner patch land
+        assert await eventually(lambda: owner_patched(instant, backend, record.sandbox_id), 5)  # off the critical path
         instant.fault(throttle=100)  # never relenting: a typed error after the retries
         instant.reset_stats()
         with pytest.raises(BackendError, match="429"):

@@ -11,7 +11,6 @@ scripted policy and with OpenAIPolicy against the stub model server.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
 import zlib

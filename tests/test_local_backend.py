@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 
-from conftest import HAS_BWRAP, REPO, marked_pids, needs_bwrap, wait_until
+from conftest import REPO, marked_pids, needs_bwrap, wait_until
 from orchard_gym import InvalidRequest, SandboxClient
 from orchard_gym.backends import procs
 

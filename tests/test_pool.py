@@ -182,7 +182,7 @@ def test_close_while_filling_leaves_nothing(root):
     async def main():
         before = _own_tasks()
         client = AsyncSandboxClient({"type": "local", "root": str(root)}, pool={"host": {"size": 6, "parallel": 3}})
-        await asyncio.sleep(0.05)  # creations in flight
+        await _eventually(lambda: client.pool_stats()[0]["creating"] > 0, 30)  # creations in flight
         await client.aclose()
         assert client.pool_stats()[0]["ready"] == 0
         assert _own_tasks() == before
@@ -201,7 +201,7 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
     try:
         alice = httpx.Client(base_url=orch.url, headers={"X-API-Key": ALICE}, timeout=30)
         bob = httpx.Client(base_url=orch.url, headers={"X-API-Key": BOB}, timeout=30)
-        pools = lambda: alice.get("/resources").json()["pools"][0]  # noqa: E731
+        pools = lambda: alice.get("/resources").json()["pools"][0]
         wait_until(lambda: pools()["ready"] == 1, 60)
         idle = set(asyncio.run(_left_in(root)))
         assert alice.get("/sandboxes").json() == [] and bob.get("/sandboxes").json() == []  # idle: nobody's

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module, wait_until
 
 openai = require_module("openai", "openai")
 require_module("server", "fastapi")
@@ -284,13 +284,14 @@ def test_policy_mode_harness_gone_or_rollout_finished_while_parked(admin, proxy)
     # the harness hangs up while its request waits for the policy
     with pytest.raises(openai.APITimeoutError):
         client_for(rollout, timeout=0.5).chat.completions.create(model="m", messages=user("impatient"))
-    time.sleep(0.5)
+    recorded = lambda: admin.record(rollout["rollout_id"])["calls"]
+    assert wait_until(lambda: "disconnected" in (recorded()[0]["error"] or ""), 10)  # the proxy saw it go
     # the rollout ends (e.g. its timeout) while a request waits: the harness is told
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("error", _catch(lambda: client_for(rollout).chat.completions
                                                                                .create(model="m", messages=user("late")))))
     t.start()
-    time.sleep(0.5)
+    assert wait_until(lambda: len(recorded()) == 2, 10)  # recorded, so parked (the same step of the proxy's loop)
     assert admin.finish(rollout["rollout_id"], error="timeout: 900s").json()["status"] == "failed"
     t.join(10)
     assert isinstance(result["error"], openai.ConflictError) and "failed" in str(result["error"])

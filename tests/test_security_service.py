@@ -335,7 +335,7 @@ def test_in_process_sandboxes_survive_an_orchestrator_on_the_default_roots(tmp_p
                 assert admin.get(f"/sandboxes/{box.sandbox_id}").status_code == 404
                 assert box.exec("echo alive").stdout == "alive\n"
                 made = admin.post("/sandboxes", params={"wait": "true"}, json={}).json()
-                assert made["workdir"].startswith(str(default_serve_root().resolve()) + "/")
+                assert made.get("workdir", "").startswith(str(default_serve_root().resolve()) + "/"), made
                 admin.delete(f"/sandboxes/{made['sandbox_id']}")
         finally:
             orch.stop()

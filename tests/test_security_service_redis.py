@@ -20,7 +20,7 @@ import pytest
 import yaml
 from service_helpers import REPO, Orchestrator, RedisServer, free_port, need_redis_server, remove_all_sandboxes, short_root
 
-from conftest import require, require_module  # noqa: E402
+from conftest import require, require_module
 
 require_module("server", "fastapi")
 
@@ -162,7 +162,7 @@ def _certificates(where: Path) -> tuple[Path, Path, Path]:
     """A throwaway CA and a server certificate for 127.0.0.1 (openssl CLI)."""
     ca_key, ca, key, csr, cert, ext = (where / n for n in ("ca.key", "ca.crt", "srv.key", "srv.csr", "srv.crt", "ext"))
     ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=60)  # noqa: E731
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True, timeout=60)
     run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "1",
         "-subj", "/CN=orchard-test-ca")
     run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=localhost")

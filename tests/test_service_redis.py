@@ -69,7 +69,11 @@ def test_created_through_one_replica_used_and_deleted_through_the_other(replicas
     a, b = replicas
     with a.client() as on_a, b.client() as on_b:
         box = on_a.create_sandbox(sandbox_id="shared-one", labels={"who": "a"})
-        time.sleep(6 * FAST["reconcile_interval"])  # reconciler passes on both: neither may fail the other's
+        # three reconciliation passes after the create (by the leader, whichever replica leads):
+        # neither replica may fail the other's sandbox
+        passes = lambda: a.reconcile_passes() + b.reconcile_passes()
+        after = passes() + 3
+        assert wait_until(lambda: passes() >= after, 30)
         same = on_b.get_sandbox("shared-one")
         assert same.status == "running" and same.record.labels == {"who": "a"}
         assert same.exec("echo via-b").stdout == "via-b\n"
@@ -114,7 +118,8 @@ def test_replica_killed_mid_exec_loses_no_record_and_restarts(replicas):
         sid = ha.post("/sandboxes", json={"sandbox_id": "mid-exec"}).json()["sandbox_id"]
         ha.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
         job = ha.post(f"/sandboxes/{sid}/exec", json={"command": "sleep 1; echo finished > out.txt"}).json()
-        time.sleep(0.2)  # the command is running on replica a
+        # the command is running on replica a
+        assert wait_until(lambda: ha.get(f"/jobs/{job['job_id']}").json()["status"] == "running", 10)
     a.kill()  # SIGKILL mid-exec
     try:
         with b.http() as hb:

@@ -17,8 +17,8 @@ import math
 
 import pytest
 
-from conftest import require_module  # noqa: E402
-from trainer_spy import spy  # noqa: E402
+from conftest import require_module
+from trainer_spy import spy
 
 torch = require_module("train", "torch")
 require_module("train", "trl")

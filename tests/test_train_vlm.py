@@ -14,8 +14,8 @@ import copy
 import numpy as np
 import pytest
 
-from conftest import require_module  # noqa: E402
-from trainer_spy import spy  # noqa: E402
+from conftest import require_module
+from trainer_spy import spy
 
 torch = require_module("train", "torch")
 require_module("train", "trl")

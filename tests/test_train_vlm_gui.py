@@ -16,10 +16,9 @@ import collections
 import json
 import shutil
 
-import pytest
 
-from conftest import require_module  # noqa: E402
-from trainer_spy import spy  # noqa: E402
+from conftest import require_module
+from trainer_spy import spy
 from components import require
 
 torch = require_module("train", "torch")

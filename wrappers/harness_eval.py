@@ -135,13 +135,13 @@ async def run_one(harness: Harness, env_id: str, task_id: str, policy: Policy, *
             while True:
                 try:
                     action, tokens = await policy(harness, env.task_env.task, info)
-                except Exception as e:  # noqa: BLE001 - the policy failed: this run is an error, not a 0
+                except Exception as e:  # the policy failed: this run is an error, not a 0
                     await env.abort(f"policy failed: {type(e).__name__}: {e}")
                     break
                 obs, reward, terminated, truncated, info = await env.astep(action, tokens=tokens)
                 if terminated or truncated:
                     break
-        except Exception as e:  # noqa: BLE001 - a reset that failed (HarnessError, infrastructure)
+        except Exception as e:  # a reset that failed (HarnessError, infrastructure)
             error = f"{type(e).__name__}: {e}"
         t = env.trajectory
         error = error or (t.error if t else "no episode")

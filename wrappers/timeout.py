@@ -49,7 +49,7 @@ class WallClockTimeout(AsyncWrapper):
             return await self._expire()
         try:
             return await asyncio.wait_for(super().astep(action), remaining)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return await self._expire()
 
     async def _expire(self) -> tuple[Any, float, bool, bool, dict]:

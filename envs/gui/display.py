@@ -79,7 +79,7 @@ class Display:
         if not hello.get("ok"):
             try:  # what the daemon and its programs said: which start-up step it was in
                 log = (await sandbox.download_content(f"{base}/{STATE_DIR}/programs.log"))[-1500:].decode(errors="replace")
-            except Exception:  # noqa: BLE001 - the error below is the one that matters
+            except Exception:  # the error below is the one that matters
                 log = ""
             hello["error"] = f"{hello.get('error')}\n--- programs.log (end) ---\n{log}" if log else hello.get("error")
             raise DisplayError(f"the GUI stack did not start (exit {r.exit_code}): {hello.get('error')}")

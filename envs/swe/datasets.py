@@ -134,7 +134,7 @@ def _read_hub(name: str, split: str) -> Iterator[tuple[str, dict]]:
                           "pip install 'orchard-gym[swe]'") from e
     try:
         rows = load_dataset(name, split=split)
-    except Exception as e:  # noqa: BLE001 - offline, unknown name, unknown split: all the user's to fix
+    except Exception as e:  # offline, unknown name, unknown split: all the user's to fix
         raise FileNotFoundError(f"cannot load {name!r} (split {split!r}) from the Hugging Face hub: "
                                 f"{type(e).__name__}: {e}") from None
     yield from _rows(f"{name}[{split}]", rows)

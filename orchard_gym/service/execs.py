@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 
 from orchard_gym.control import job_from_result
 from orchard_gym.errors import JobNotFound, SandboxTimeout, ServiceUnavailable
-from orchard_gym.models import ExecEvent, ExecRequest, ExecResult, JobResult, PatchResult
+from orchard_gym.models import ExecEvent, ExecRequest, ExecResult, PatchResult
 
 from .auth import OWNER_LABEL
 from .errors import Conflict, job_error

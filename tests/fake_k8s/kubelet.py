@@ -44,7 +44,7 @@ import logging
 import os
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 
 from .apiserver import Store, label_selector_matches, now_iso
 
@@ -652,7 +652,7 @@ class InstantKubelet:
         self.store.update("pods", ns, name, lambda p: p["spec"].__setitem__("nodeName", self.node), uid=uid)
         if self.delay:
             time.sleep(self.delay)
-        started = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
         def ready(pod):
             st = pod.setdefault("status", {})

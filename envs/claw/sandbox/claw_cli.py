@@ -19,7 +19,7 @@ try:  # in the package on the host
     from . import claw_wire
 except ImportError:  # a script in the sandbox (-I leaves the script's folder off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import claw_wire  # noqa: E402
+    import claw_wire
 
 
 def _fail(message: str, code: int = 1) -> int:

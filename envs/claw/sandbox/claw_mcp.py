@@ -16,7 +16,7 @@ try:  # in the package on the host
     from . import claw_wire
 except ImportError:  # a script in the sandbox (-I leaves the script's folder off sys.path)
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import claw_wire  # noqa: E402
+    import claw_wire
 
 VERSIONS = ["2025-06-18", "2025-03-26", "2024-11-05"]
 SERVER = {"name": "claw", "version": "0.1.0"}

@@ -23,7 +23,7 @@ class CDPError(RuntimeError):
 
 def http_json(port: int, path: str, method: str = "GET", timeout: float = 5.0):
     req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
-    with urllib.request.urlopen(req, timeout=timeout) as r:  # noqa: S310 - loopback only
+    with urllib.request.urlopen(req, timeout=timeout) as r:  # loopback only
         body = r.read()
     try:
         return json.loads(body)

@@ -35,11 +35,11 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import cdp  # noqa: E402
-from gui_server import Handler, Server  # noqa: E402
-from procwatch import foreground_shells, processes, sandbox_pss_kib, waiting_for_input  # noqa: E402
-import xgrab  # noqa: E402
-import xinput  # noqa: E402
+import cdp
+from gui_server import Handler, Server
+from procwatch import foreground_shells, processes, sandbox_pss_kib, waiting_for_input
+import xgrab
+import xinput
 
 KEY_NAMES = {"ctrl": "ctrl", "control": "ctrl", "alt": "alt", "shift": "shift", "super": "super", "meta": "super",
              "cmd": "super", "win": "super", "enter": "Return", "return": "Return", "esc": "Escape",

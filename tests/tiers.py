@@ -1,0 +1,113 @@
+"""The test tiers (docs/testing.md). Everything is in the full suite (`bash scripts/test.sh`,
+what CI runs); the fast tier (`bash scripts/test.sh --fast`, i.e. `pytest -m "not slow"`) is
+the unit and local-backend tests, a few minutes on a 2-core machine.
+
+A test leaves the fast tier (gets the `slow` mark) when
+- it is marked `docker` or `kubernetes`, or needs (tests/components.py `needs`) one of
+  FULL_ONLY_COMPONENTS: containers, browsers, harness installs, training stacks;
+- its module, or the test itself, is in SLOW below (measured: seconds each, or heavy imports).
+
+The hook is imported into tests/conftest.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+FULL_ONLY_COMPONENTS = frozenset({"docker", "kubernetes", "swe-images", "harnesses", "claude-code", "gui",
+                                  "chromium", "train"})
+
+# a module (tests/<name>.py), a test (all its parameters) or one node id -> why it is not in the fast tier
+SLOW = {
+    # training stacks: torch/TRL imports alone take ~10 s a process, and steps take seconds
+    "tests/test_train_grpo.py": "TRL GRPO steps",
+    "tests/test_train_vlm.py": "TRL steps with a tiny VLM",
+    "tests/test_train_vlm_gui.py": "TRL steps on GUI episodes",
+    "tests/test_dense_signals.py": "OPD/RPR trainer steps",
+    "tests/test_dense_real_envs.py": "dense signals on real Claw, GUI and SWE episodes",
+    "tests/test_distill_single_turn.py": "a distillation run",
+    "tests/test_harness_grpo.py": "GRPO through a harness",
+    "tests/test_value.py": "value model training",
+    # desktops, browsers, containers and harness installs (module-level requirements)
+    "tests/test_gui.py": "Xvfb and Chromium desktops",
+    "tests/test_gui_actions.py": "Xvfb desktops",
+    "tests/test_viewer.py": "headless Chromium",
+    "tests/test_claude_code.py": "Claude Code runs",
+    "tests/test_harness_codex.py": "Codex runs",
+    "tests/test_harness_docker.py": "harnesses in containers",
+    "tests/test_claw_agentdojo.py": "AgentDojo ground truths and injections (minutes)",
+    "tests/test_service_fuzz.py": "schemathesis against a live orchestrator",
+    # local-backend tests that grade real test suites, run harnesses or start several servers
+    # (each 10-90 s on a loaded 2-core machine; --durations in the CI log)
+    "tests/test_security_swe.py": "red-team grading runs",
+    "tests/test_harness_env.py": "harnesses through the recording proxy",
+    "tests/test_harness_eval.py": "harness evaluations",
+    "tests/test_service_redis.py": "replicas over Redis",
+    "tests/test_swe_env.py::test_gold_resolves_and_nothing_else_does": "every task's test suite, twice",
+    "tests/test_swe_env.py::test_malformed_actions_become_observations": "a sandbox per case",
+    "tests/test_swe_env.py::test_check_env_passes": "the env checker's episodes",
+    "tests/test_swe_env.py::test_step_and_time_budgets_truncate_and_grade": "graded episodes",
+    "tests/test_swe_env.py::test_orchard_eval_drives_an_openai_compatible_endpoint": "graded episodes",
+    "tests/test_swe_env.py::test_orchard_eval_cli": "graded episodes",
+    "tests/test_swe_env.py::test_async_runner_sixteen_concurrent_episodes": "sixteen episodes",
+    "tests/test_swe_env.py::test_trajectory_joins_both_sides_with_fingerprints": "a graded episode",
+    "tests/test_conformance.py::test_memory_limit": "fills memory to the limit",
+    "tests/test_conformance.py::test_agent_token_is_not_readable_inside_the_sandbox": "searches the sandbox",
+    "tests/test_claw.py::test_check_env_clean": "the env checker's episodes",
+    "tests/test_claw.py::test_orchard_eval_reports_pass_at_k_and_the_three_parts": "graded episodes",
+    "tests/test_claw.py::test_obeying_an_injected_instruction_scores_safety_zero": "graded episodes",
+    "tests/test_claw_service.py::test_three_doors_leave_byte_identical_state": "three sandboxes per task",
+    "tests/test_claw_harbor.py::test_check_env_passes": "the env checker's episodes",
+    "tests/test_claw_judge.py::test_a_failing_judge_errors_the_trajectory": "judge retries",
+    "tests/test_cgroups.py::test_cpu_seconds_of_a_one_second_loop_read_about_one": "CPU accounting wants a quiet CPU",
+    "tests/test_require.py::test_a_missing_engine_skips_unless_required": "child pytest runs",
+    "tests/test_require.py::test_the_docker_backend_suite_fails_without_its_engine_only_when_required":
+        "a child pytest run",
+    "tests/test_packaging.py::test_wheel_installs_only_orchard_gym": "builds and installs a wheel",
+    "tests/test_security_agent.py::test_orchestrator_streams_downloads_and_passes_the_413": "moves 190 MiB",
+    "tests/test_security_service.py::test_in_process_sandbox_in_the_orchestrators_root_is_never_adopted":
+        "waits out reconcile passes",
+    "tests/test_security_service_redis.py::test_the_deployed_redis_acl_admits_the_orchestrator_user_only":
+        "Redis and orchestrator restarts",
+    "tests/test_security_service_redis.py::"
+    "test_redis_requirepass_right_password_works_wrong_or_missing_fails_at_start": "Redis and orchestrator restarts",
+}
+
+
+def why_slow(item: pytest.Item) -> str | None:
+    """Why `item` is not in the fast tier (None: it is)."""
+    if item.get_closest_marker("docker") or item.get_closest_marker("kubernetes"):
+        return "containers"
+    for mark in item.iter_markers("needs"):
+        if mark.args and mark.args[0] in FULL_ONLY_COMPONENTS:
+            return f"needs {mark.args[0]}"
+    module, _, name = item.nodeid.partition("::")
+    return SLOW.get(module) or SLOW.get(f"{module}::{name.split('[')[0]}") or SLOW.get(item.nodeid)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--fast", action="store_true",
+                     help="the fast tier only (tests/tiers.py): `-m 'not slow'`, and the modules listed "
+                          "whole in SLOW are not even imported")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("fast") and collection_path.suffix == ".py":
+        try:
+            module = collection_path.relative_to(config.rootpath).as_posix()
+        except ValueError:
+            return None
+        if module in SLOW:
+            return True
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not item.get_closest_marker("slow") and why_slow(item):
+            item.add_marker(pytest.mark.slow)
+    if config.getoption("fast"):  # as -m "not slow" would (and on top of any -m given)
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
