@@ -20,7 +20,7 @@ models where a Python >= 3.12 with harbor installed is at hand.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from typing import Any
 
 from . import __version__
@@ -31,7 +31,7 @@ TURN_EXTRA = ("command", "exit_code", "duration", "error", "fingerprint", "scree
 
 
 def _iso(ts: float | None) -> str | None:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat() if ts is not None else None
+    return datetime.fromtimestamp(ts, UTC).isoformat() if ts is not None else None
 
 
 def _ts(text: str | None) -> float | None:

@@ -24,7 +24,7 @@ def check_tasks(root: Path) -> int:
                 warnings.simplefilter("always")
                 TaskConfig.model_validate_toml(toml.read_text())
             print(f"valid   {name}" + "".join(f"  ({w.message})" for w in caught))
-        except Exception as e:  # noqa: BLE001 - TOML and pydantic errors alike
+        except Exception as e:
             bad += 1
             print(f"INVALID {name}: {str(e).splitlines()[0][:200]}")
     return bad
@@ -41,7 +41,7 @@ def check_atif(path: Path) -> int:
             t = Trajectory.model_validate(json.loads(line))
             calls = sum(len(s.tool_calls or []) for s in t.steps)
             print(f"valid   line {number}: {t.schema_version}, {len(t.steps)} steps, {calls} tool calls")
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             bad += 1
             print(f"INVALID line {number}: {str(e)[:300]}")
     return bad

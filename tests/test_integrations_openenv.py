@@ -14,7 +14,7 @@ import gymnasium as gym
 import httpx
 import pytest
 
-from conftest import require_module, wait_until  # noqa: E402
+from conftest import require_module, wait_until
 
 require_module("integrations", "openenv")
 uvicorn = require_module("server", "uvicorn")

@@ -9,7 +9,7 @@ import json
 import gymnasium as gym
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module
 
 skyrl_gym = require_module("integrations", "skyrl_gym")
 

@@ -14,7 +14,7 @@ import json
 import gymnasium as gym
 import pytest
 
-from conftest import require_module  # noqa: E402
+from conftest import require_module
 
 torch = require_module("train", "torch")
 require_module("train", "trl")

@@ -37,7 +37,7 @@ QUICK = 1_500
 # Runs inside the sandbox, in its workdir. Each step that needs a privilege the sandbox may
 # lack (chattr +i, mount) is tried and may fail: bubblewrap and zygote sandboxes have no
 # capabilities; a plain process (isolation='none') run by root has them all.
-HOSTILE = textwrap.dedent(f"""
+HOSTILE = textwrap.dedent("""
     import os, socket, subprocess, sys
     os.mkdir("deep")
     fd = os.open("deep", os.O_RDONLY)

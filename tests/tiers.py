@@ -43,6 +43,18 @@ SLOW = {
     "tests/test_harness_env.py": "harnesses through the recording proxy",
     "tests/test_harness_eval.py": "harness evaluations",
     "tests/test_service_redis.py": "replicas over Redis",
+    # the red-team corpus and the adapters of this round: graded episodes, sweeps, trainer steps
+    "tests/test_gui_integrity.py": "desktops and MiniWoB episodes",
+    "tests/test_security_claw.py": "services on every backend",
+    "tests/test_security_harbor.py": "verifier runs",
+    "tests/test_security_local_robust.py": "hostile trees and limit hogs",
+    "tests/test_harbor_corpus.py": "the Harbor corpus sweep",
+    "tests/test_harbor_env.py": "Harbor episodes with set-ups",
+    "tests/test_claw_answers.py": "shotgun sweeps over the answer tasks",
+    "tests/test_integrations_trl.py": "TRL GRPO steps",
+    "tests/test_integrations_openenv.py": "OpenEnv servers and episodes",
+    "tests/test_integrations_skyrl.py": "graded episodes",
+    "tests/test_cli_mistakes.py": "a CLI process per mistake, Ctrl-C runs",
     "tests/test_swe_env.py::test_gold_resolves_and_nothing_else_does": "every task's test suite, twice",
     "tests/test_swe_env.py::test_malformed_actions_become_observations": "a sandbox per case",
     "tests/test_swe_env.py::test_check_env_passes": "the env checker's episodes",
@@ -57,7 +69,7 @@ SLOW = {
     "tests/test_claw.py::test_orchard_eval_reports_pass_at_k_and_the_three_parts": "graded episodes",
     "tests/test_claw.py::test_obeying_an_injected_instruction_scores_safety_zero": "graded episodes",
     "tests/test_claw_service.py::test_three_doors_leave_byte_identical_state": "three sandboxes per task",
-    "tests/test_claw_harbor.py::test_check_env_passes": "the env checker's episodes",
+    "tests/test_harbor_env.py::test_check_env_passes": "the env checker's episodes",
     "tests/test_claw_judge.py::test_a_failing_judge_errors_the_trajectory": "judge retries",
     "tests/test_cgroups.py::test_cpu_seconds_of_a_one_second_loop_read_about_one": "CPU accounting wants a quiet CPU",
     "tests/test_require.py::test_a_missing_engine_skips_unless_required": "child pytest runs",
@@ -102,10 +114,27 @@ def pytest_ignore_collect(collection_path, config):
     return None
 
 
+PODMAN_COMPONENTS = {"docker", "kubernetes", "swe-images"}
+
+
+def uses_podman(item: pytest.Item) -> bool:
+    """Whether `item` drives the one shared Podman engine (containers, the fake cluster's kubelet)."""
+    if item.get_closest_marker("docker") or item.get_closest_marker("kubernetes"):
+        return True
+    return any(mark.args and mark.args[0] in PODMAN_COMPONENTS for mark in item.iter_markers("needs"))
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not item.get_closest_marker("slow") and why_slow(item):
             item.add_marker(pytest.mark.slow)
+        # --dist loadgroup (scripts/test.sh): a module's tests stay in one worker, in order, sharing
+        # its module fixtures; every test that drives Podman runs in one worker, one at a time
+        # (concurrent creates and deletes on the one engine gave "no such container" under load, and
+        # the host-guard and leak checks list every container)
+        module = item.nodeid.partition("::")[0]
+        item.add_marker(pytest.mark.xdist_group("podman" if uses_podman(item) else module))
     if config.getoption("fast"):  # as -m "not slow" would (and on top of any -m given)
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:

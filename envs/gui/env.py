@@ -18,6 +18,7 @@ time decay); a desktop task's comes from checks the host runs on the end state.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import time

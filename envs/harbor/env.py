@@ -312,7 +312,7 @@ class HarborEnv(SandboxEnv):
     async def healthcheck(self, ctx: ToolContext, task: HarborTask) -> None:
         hc = task.settings.healthcheck
         await asyncio.sleep(0)
-        for attempt in range(max(1, hc.retries)):
+        for _attempt in range(max(1, hc.retries)):
             r = await ctx.sandbox.exec(self.rewrite(hc.command, ctx.cwd), cwd=ctx.cwd, env=ctx.env,
                                        timeout=hc.timeout_sec)
             if r.exit_code == 0 and not r.timed_out:
@@ -375,7 +375,7 @@ class HarborOraclePolicy:
         env, task = self.env, self.env.task
         workdir = env._ctx.state["workdir"]
         dest = env.paths(workdir)["solution"]
-        scripts = lambda p: env.rewrite(p.read_text(), workdir).encode() if p.suffix in (".sh", ".py") else None  # noqa: E731
+        scripts = lambda p: env.rewrite(p.read_text(), workdir).encode() if p.suffix in (".sh", ".py") else None
         archive = tar_folder(task.root / "solution", scripts)
         blob = base64.b64encode(archive).decode()
         q = shlex.quote

@@ -34,7 +34,7 @@ import shlex
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 from orchard_gym._loop import run_in_thread
 from orchard_gym.client import AsyncSandboxInstance

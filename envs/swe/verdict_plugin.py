@@ -115,7 +115,7 @@ def _machinery():
                  "_pytest.main", "pytest", "pluggy", "unittest", "unittest.case", "unittest.result", "builtins",
                  "sys", "os"):
         if name in sys.modules:
-            out["sys.modules[%r]" % name] = (sys.modules, name, sys.modules[name])
+            out[f"sys.modules[{name!r}]"] = (sys.modules, name, sys.modules[name])
     return out
 
 
@@ -135,7 +135,7 @@ def _check_machinery():
     for label, (owner, name, value) in _MACHINERY.items():
         if label not in _reported and _current(owner, name) is not value:
             _reported.add(label)
-            _send(k="tamper", what="%s was replaced while the tests ran" % label)
+            _send(k="tamper", what=f"{label} was replaced while the tests ran")
     if _trace_at_start is None and "settrace" not in _reported:
         import threading
 
@@ -190,7 +190,7 @@ def pytest_runtest_makereport(item, call):
     if call.when == "teardown":
         try:
             nodeid = item.config.cwd_relative_nodeid(item.nodeid)
-        except Exception:  # noqa: BLE001  (an older pytest: the rootdir-relative id)
+        except Exception:
             nodeid = item.nodeid
         _send(k="test", id=nodeid, s=_status(_phases.pop(item.nodeid)))
         _check_machinery()
