@@ -507,8 +507,6 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
     price = _prices(price_cpu_hour, price_1k_tokens)
     from pathlib import Path
 
-    if not (Path(model_path) / "config.json").is_file():
-        raise click.ClickException(f"--model {model_path}: not a model folder (no config.json)")
     try:  # the env and its kwargs, before a model is loaded
         _env_spec(env_id).make(**kwargs, backend={"type": "local"}).close()
     except (TypeError, ValueError) as e:
@@ -547,6 +545,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
             prices=price, **({"branch_at": branch_at} if branch_at is not None else {}))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    if not (Path(model_path) / "config.json").is_file():  # after the flags: their mistakes are said first
+        raise click.ClickException(f"--model {model_path}: not a model folder (no config.json)")
     run_dir = out or f"runs/grpo-{time.strftime('%Y%m%d-%H%M%S')}"
     summary = run_training(args, model_path, run_dir, steps=steps, learning_rate=lr)
     last = summary.get("last") or {}

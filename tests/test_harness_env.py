@@ -74,7 +74,8 @@ def test_harness_solves_the_task_through_the_proxy_with_no_network(local_root, m
         assert ledger.token_source == "proxy" and ledger.model_calls == 2
         assert ledger.prompt_tokens == sum(c.usage["prompt_tokens"] for c in u.record.calls) > 0
         assert ledger.completion_tokens == sum(c.usage["completion_tokens"] for c in u.record.calls) > 0
-        assert len(ledger.sandboxes) == 2 and all(s.wall_seconds > 0 for s in ledger.sandboxes)
+        # (resolved: the SWE tamper check's verdict run is a third sandbox)
+        assert len(ledger.sandboxes) == 3 and all(s.wall_seconds > 0 for s in ledger.sandboxes)
     finally:
         env.close()
     # everything above held; the TCP-UNREACHABLE check needs bwrap's network namespace
