@@ -47,7 +47,10 @@ def _claude_code() -> str:
 
 
 def _image(name: str) -> bool:
-    return subprocess.run(["podman", "image", "exists", name], capture_output=True).returncode == 0
+    """Whether any tag of repository `name` is there (`podman image exists` looks for :latest only,
+    and the SWE task images are tagged by version)."""
+    out = subprocess.run(["podman", "images", "-q", name], capture_output=True, text=True)
+    return out.returncode == 0 and bool(out.stdout.strip())
 
 
 WHY_NOT = {  # component -> () -> why it is missing ("" when present)
