@@ -4,8 +4,8 @@
 # CI runs, via .ci/run). Tiers (docs/testing.md, tests/tiers.py):
 #   bash scripts/test.sh [pytest args...]          # the full suite
 #   bash scripts/test.sh --fast [pytest args...]   # the fast tier: unit and local-backend tests
-# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 4: most of a test's
-# time is spent waiting on sandboxes, so more workers than cores pays); `-n 0` runs in-process.
+# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 1, see below); `-n 0` runs
+# in-process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
