@@ -5,6 +5,7 @@ included, carries a marker in its environment; none may be alive afterwards)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, marked_pids, wait_until
+from service_helpers import short_root
 
 DEAD = "openai:http://127.0.0.1:9/v1#m"  # port 9 (discard): nothing listens
 TOY = ["--env", "Orchard/Toy-v0", "--env-kwargs", '{"kinds": ["write"], "num_tasks": 2}']
@@ -22,11 +24,17 @@ def run_cli(args, tmp_path, *, block_module: str | None = None, timeout: float =
     mark = uuid.uuid4().hex
     prelude = f"import sys; sys.modules[{block_module!r}] = None; " if block_module else "import sys; "
     code = prelude + "from orchard_gym.cli import main; sys.argv = ['orchard', *sys.argv[1:]]; main()"
-    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
+    # a short root: under xdist, tmp_path (.../popen-gwN/test_<long name>0/) put the agent's unix socket
+    # past its 108-byte limit, and every sandbox failed to start
+    root = short_root("cli")
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(root)}
     r = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=timeout)
     wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
-    return r, marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
+    left = marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
+    if not left:
+        shutil.rmtree(root, ignore_errors=True)
+    return r, left
 
 
 def one_line_error(r) -> str:
@@ -109,7 +117,10 @@ def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
     import time
 
     mark = uuid.uuid4().hex
-    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(tmp_path / "sandboxes")}
+    # a short root: under xdist, tmp_path (.../popen-gwN/test_<long name>0/) put the agent's unix socket
+    # past its 108-byte limit, and every sandbox failed to start
+    root = short_root("cli")
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(root)}
     p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "400"],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(after)
