@@ -130,7 +130,7 @@ def test_malformed_actions_are_observations_and_the_sandbox_lives_on(env):
     obs, reward, terminated, truncated, info = env.step(
         {"name": "computer_use", "arguments": {"action": "left_click", "coordinate": [button[0] / 1280,
                                                                                      button[1] / 720]}})
-    assert terminated and reward == 1.0 and info["report"]["raw_reward"] == 1
+    assert terminated and reward == 1.0 and info["report"]["raw_reward"] == 1, (terminated, reward, info)
 
 
 def test_tabs_navigation_and_the_browser_restart(env):

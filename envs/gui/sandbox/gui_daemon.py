@@ -49,6 +49,8 @@ KEY_NAMES = {"ctrl": "ctrl", "control": "ctrl", "alt": "alt", "shift": "shift", 
              "insert": "Insert", "capslock": "Caps_Lock", "plus": "plus", "minus": "minus"}
 BUTTONS = {"left_click": (1, 1), "right_click": (3, 1), "middle_click": (2, 1), "double_click": (1, 2),
            "triple_click": (1, 3)}
+# actions whose X input the page counts (mouseup, keyup, wheel): act() waits until it did
+INPUT_ACTIONS = {*BUTTONS, "left_click_drag", "type", "key", "scroll", "hscroll"}
 SCROLL_NOTCH = 100  # pixels per wheel click (Chromium on X11 scrolls about this much)
 URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
@@ -335,8 +337,44 @@ class Daemon:
         if r.returncode != 0:
             raise ValueError(f"xdotool failed: {r.stderr.strip()[-300:]}")
 
+    # X input reaches the page asynchronously (X server -> browser -> renderer): a page-state read
+    # right after xdotool/XTEST returns can overtake the click it should see. The page counts the
+    # input events it received (capture phase, on window); act() waits until the count moves.
+    SEEN = ("(() => { const s = window.__orchardSeen || (window.__orchardSeen = {id: Math.random(), n: 0},"
+            " ['mouseup', 'keyup', 'wheel'].forEach(t => addEventListener(t, () => window.__orchardSeen.n++, true)),"
+            " window.__orchardSeen); return [s.id, s.n]; })()")
+
+    def input_seen(self):
+        if "chromium" not in self.procs:
+            return None
+        try:
+            return self.page().evaluate(self.SEEN)
+        except (cdp.CDPError, OSError, ValueError):
+            return None
+
+    def wait_input_seen(self, before, timeout: float = 1.0) -> None:
+        """Until the page saw input after `before` (or a new page replaced it); bounded, since
+        input outside the page (its scrollbar, the desktop) is never counted."""
+        if before is None:
+            return
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = self.input_seen()
+            if now is None or now[0] != before[0] or now[1] > before[1]:
+                return
+            time.sleep(0.01)
+
     def act(self, a: dict) -> str | None:
         """Do one action (already validated and in pixels); return a note for the policy, if any."""
+        name = a["name"]
+        if name in INPUT_ACTIONS and not (name == "type" and not a["text"]):
+            before = self.input_seen()
+            note = self.act_now(a)
+            self.wait_input_seen(before)
+            return note
+        return self.act_now(a)
+
+    def act_now(self, a: dict) -> str | None:
         name = a["name"]
         if name in BUTTONS:
             button, count = BUTTONS[name]
