@@ -66,13 +66,19 @@ async def run_in_thread(fn, *args):
         if not future.done():
             setter(value)
 
+    def hand_over(setter, value):
+        try:
+            loop.call_soon_threadsafe(settle, setter, value)
+        except RuntimeError:  # the loop closed meanwhile (Ctrl-C, exit): nobody awaits the result
+            pass
+
     def work():
         try:
             result = fn(*args)
         except BaseException as e:  # handed to the awaiting coroutine
-            loop.call_soon_threadsafe(settle, future.set_exception, e)
+            hand_over(future.set_exception, e)
         else:
-            loop.call_soon_threadsafe(settle, future.set_result, result)
+            hand_over(future.set_result, result)
 
     threading.Thread(target=work, name="orchard-gym-io", daemon=True).start()
     return await future
