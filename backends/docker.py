@@ -57,7 +57,7 @@ from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, Orch
 from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord
 
 from . import engine_stats, host_guard, procs
-from .docker_bundle import SharedBundle, name_in_use
+from .docker_bundle import SharedBundle, container_lost, name_in_use
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 from .snapshots_docker import DockerSnapshots
@@ -275,6 +275,16 @@ class DockerBackend(Backend):
         return await self._run(self._create, spec)
 
     def _create(self, spec: SandboxSpec) -> SandboxRecord:
+        try:
+            return self._create_once(spec)
+        except _ContainerLost:  # the engine lost the fresh container (see container_lost): once more
+            log.warning("the engine lost a fresh container; creating it again")
+        try:
+            return self._create_once(spec)
+        except _ContainerLost as e:
+            raise BackendError(f"the engine lost the container of a new sandbox twice while starting it: {e}") from None
+
+    def _create_once(self, spec: SandboxSpec) -> SandboxRecord:
         cfg = self.config
         sandbox_id = spec.sandbox_id or new_sandbox_id()
         name = self._name(sandbox_id)
@@ -319,12 +329,19 @@ class DockerBackend(Backend):
                 if name_in_use(e):  # the id is taken (or another create won the race for it)
                     raise _NameTaken from None
                 raise
-            self.api.start(name)
-            return self._record(self.api.inspect_container(name))
+            try:
+                self.api.start(name)
+                return self._record(self.api.inspect_container(name))
+            except derr.APIError as e:
+                if container_lost(e):
+                    raise _ContainerLost(e.explanation or str(e)) from None
+                raise
         except _NameTaken:
             raise InvalidRequest(f"sandbox {sandbox_id} already exists") from None
         except BaseException as e:
             self._destroy(name)
+            if isinstance(e, _ContainerLost):
+                raise
             self._network_ok = False  # check the network again next time (someone may have pruned it)
             if isinstance(e, derr.APIError):
                 kind = InvalidRequest if e.is_client_error() else BackendError
@@ -452,8 +469,9 @@ class DockerBackend(Backend):
             try:
                 remove()
                 found = True
-            except derr.NotFound:
-                pass
+            except derr.APIError as e:
+                if not container_lost(e):  # 404: gone already; Podman's 500 "no such container" too
+                    raise
         return found
 
     def _swept_owner(self, labels: dict) -> bool:
@@ -514,3 +532,7 @@ class DockerBackend(Backend):
 
 class _NameTaken(Exception):
     """Another create won the container name."""
+
+
+class _ContainerLost(Exception):
+    """The engine lost the container it had just created (see container_lost)."""

@@ -38,6 +38,12 @@ FILL_SCRIPT = (
 )
 
 
+def container_lost(e) -> bool:
+    """Podman 4.3 under concurrent creates sometimes answers a fresh container's start/inspect/
+    remove with a 500 "does not exist in database: no such container": the container is gone."""
+    return getattr(e, "status_code", None) == 404 or "no such container" in str(getattr(e, "explanation", "") or e)
+
+
 def name_in_use(e) -> bool:
     """The engine refused a create because the name is taken (Docker: 409; Podman 4.3: 500)."""
     return e.status_code == 409 or "already in use" in str(getattr(e, "explanation", "") or "")

@@ -123,6 +123,34 @@ def test_delete_leaves_no_container_or_volume(client):
     assert client.backend._destroy(client.backend._name(box.sandbox_id)) is False
 
 
+@pytest.mark.parametrize("lost", [1, 2])
+def test_a_container_the_engine_loses_while_starting_is_made_again_once(client, lost):
+    """Podman 4.3, under concurrent creates, has answered a fresh container's start with "no such
+    container". Here the container really is removed between create and start (the same answer
+    from the real engine): once is retried, twice is a BackendError; nothing is left behind."""
+    backend = client.backend
+    real_start, removed = backend.api.start, []
+
+    def start_after_removal(name, *args, **kwargs):
+        if len(removed) < lost and not name.endswith("-fill"):  # a sandbox's, not the bundle filler's
+            backend.api.remove_container(name, force=True)
+            removed.append(name)
+        return real_start(name, *args, **kwargs)
+
+    backend.api.start = start_after_removal
+    try:
+        if lost == 1:
+            with client.create_sandbox(image=BUSYBOX) as box:
+                assert box.exec("echo up").stdout == "up\n"
+            assert len(removed) == 1 and not leftovers(backend, box.sandbox_id)
+        else:
+            with pytest.raises(BackendError, match="lost the container of a new sandbox twice"):
+                client.create_sandbox(image=BUSYBOX, sandbox_id="lost-twice")
+            assert not leftovers(backend, "lost-twice")
+    finally:
+        backend.api.start = real_start
+
+
 def test_failed_container_says_why(client):
     box = client.create_sandbox(image=BUSYBOX)
     with pytest.raises(OrchardError):  # a typed error, whichever the race gives
