@@ -30,6 +30,7 @@ from pathlib import Path
 from orchard_gym.endpoint import Endpoint
 from orchard_gym.errors import EndpointError, JudgeError  # JudgeError's old home was here: still importable
 
+from .local_chat import LocalChat
 from .pool import PoolEntry
 from .pool_tokens import spans_of
 
@@ -176,24 +177,15 @@ class OpenAIJudge(PromptJudge):
 
 
 class LocalJudge(PromptJudge):
-    """A local Hugging Face causal LM, greedy, through its chat template."""
+    """A local Hugging Face causal LM, greedy, through its chat template (algos/local_chat.py)."""
 
     def __init__(self, model_path: str | Path, prompt_path: str | Path | None = None, max_new_tokens: int = 512):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         super().__init__(prompt_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path)).eval()
-        self.max_new_tokens = max_new_tokens
+        self.chat = LocalChat(model_path, max_tokens=max_new_tokens, what="judge")
+        self.tokenizer, self.model, self.max_new_tokens = self.chat.tokenizer, self.chat.model, max_new_tokens
 
     def complete(self, prompt: str) -> str:
-        import torch
-
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                 return_tensors="pt", return_dict=True)
-        with torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False)
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.chat.generate([{"role": "user", "content": prompt}])
 
 
 class MonteCarloJudge:

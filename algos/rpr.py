@@ -35,9 +35,11 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from orchard_gym._loop import LoopThread, run_in_thread
+from orchard_gym._loop import LoopThread
 from orchard_gym.endpoint import Endpoint, is_endpoint, parse_spec
 from orchard_gym.errors import EndpointError, JudgeError  # JudgeError's old home was here: still importable
+
+from .local_chat import LocalChat
 
 log = logging.getLogger(__name__)
 
@@ -216,37 +218,11 @@ class ServerJudge:
         await self.endpoint.aclose()
 
 
-class LocalJudge:
-    """A Hugging Face chat model on this machine, greedy decoding."""
+class LocalJudge(LocalChat):
+    """A Hugging Face chat model on this machine, greedy decoding (algos/local_chat.py)."""
 
     def __init__(self, path: str, *, max_tokens: int = 512):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModelForCausalLM.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot load the judge model {path!r}: {e}") from None
-        self.model.eval()
-        self.max_tokens = max_tokens
-        self._lock = asyncio.Lock()
-
-    def _generate(self, messages: list[dict]) -> str:
-        import torch
-
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)
-        with torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-
-    async def complete(self, messages: list[dict]) -> str:
-        async with self._lock:  # one generate at a time on this machine
-            return await run_in_thread(self._generate, messages)
-
-    async def aclose(self) -> None:
-        return None
+        super().__init__(path, max_tokens=max_tokens, what="judge")
 
 
 def make_judge(spec: str, timeout: float):
