@@ -266,3 +266,107 @@ def test_a_judge_error_names_the_reason_first():
                                         reason="did not answer within 2s"))
     assert str(err).split(":")[0] == "the judge failed (did not answer within 2s)"
     assert isinstance(err, RuntimeError)
+
+
+# ------------------------------------------------------------------ every caller goes through it
+def tool_call(name: str, arguments: str) -> str:
+    return json.dumps({"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None,
+        "tool_calls": [{"id": "t1", "type": "function", "function": {"name": name, "arguments": arguments}}]}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+
+
+def test_the_policies_call_through_the_client(server):
+    from orchard_gym.policies import OpenAIPolicy
+    from orchard_gym.wrappers.harness_eval import ChatPolicy, policy_from_spec
+
+    server.scripts["m"] = [(429, {"Retry-After": "0"}, "{}"), (200, {}, tool_call("bash", '{"command": "ls"}'))]
+    policy = OpenAIPolicy(f"openai:{server.url}#m", api_key="k")
+    mine = ledger.Ledger()
+
+    async def act():
+        token = ledger.bind(mine)
+        try:
+            return await policy([{"role": "user", "content": "go"}], [{"type": "function", "function": {"name": "bash"}}])
+        finally:
+            ledger.unbind(token)
+            await policy.aclose()
+
+    assert run(act()) == {"id": "t1", "name": "bash", "arguments": '{"command": "ls"}'}
+    assert len(server.seen) == 2 and mine.model_calls == 1 and mine.token_source == "policy"  # the 429 retried
+    with pytest.raises(EndpointSpecError, match="URL#MODEL"):
+        OpenAIPolicy("http://h/v1")
+
+    harness_policy = policy_from_spec(f"openai:{server.url}#h", api_key="k")
+    assert isinstance(harness_policy, ChatPolicy)
+    server.scripts["h"] = [(200, {}, completion("done"))]
+
+    async def answer():
+        token = ledger.bind(mine)
+        try:
+            return await harness_policy(None, None, {"messages": [{"role": "user", "content": "x"}],
+                                                     "tools": [{"type": "web_search"}]})
+        finally:
+            ledger.unbind(token)
+            await harness_policy.aclose()
+
+    action, tokens = run(answer())
+    assert action["content"] == "done" and tokens == {"usage": {"prompt_tokens": 7, "completion_tokens": 3,
+                                                                "total_tokens": 10}}
+    assert mine.model_calls == 1  # the proxy charges what the policy hands back: not charged twice
+    assert "tools" not in server.seen[-1][2]  # hosted tools are no chat tools
+    for bad in ("openai:nourl", "openai:http://h/v1", "openai:ftp://h#m"):
+        with pytest.raises(ValueError, match="unknown policy"):
+            policy_from_spec(bad)
+
+
+def test_the_judges_turn_endpoint_failures_into_the_one_judge_error(server):
+    from orchard_gym.algos import credit, rpr
+    from orchard_gym.envs.claw import judge as claw_judge
+
+    assert credit.JudgeError is rpr.JudgeError is claw_judge.JudgeFailed is JudgeError
+    server.scripts["nan"] = [(200, {}, '{"choices": [{"message": {"content": "x"}}], "usage": {"x": NaN}}')]
+    check = {"type": "judge", "rubric": "r"}
+    with pytest.raises(JudgeError, match=r"^the judge at .* failed: EndpointBadResponse: .*non-finite"):
+        run(claw_judge.judge(f"{server.url}#nan", None, check, "task", "answer", timeout=5))
+    server.scripts["ok"] = [(503, {"Retry-After": "0"}, "{}"),
+                            (200, {}, completion('{"verdict": "pass", "reason": "fine"}'))]
+    assert run(claw_judge.judge(f"{server.url}#ok", None, check, "task", "answer", timeout=5)) == (True, "fine")
+    with pytest.raises(ValueError, match="URL#MODEL"):
+        claw_judge.parse_spec("nope")
+    assert claw_judge.parse_spec(f"{server.url}#ok") == (f"{server.url}/chat/completions", "ok")
+
+    server.scripts["refuse"] = [(200, {}, json.dumps({"choices": [{"finish_reason": "content_filter",
+                                                                     "message": {"content": None}}]}))]
+    judge = rpr.ServerJudge(f"{server.url}#refuse", timeout=5)
+    with pytest.raises(JudgeError, match="refused: content filter"):
+        run(judge.complete([{"role": "user", "content": "x"}]))
+    server.scripts["500"] = [(500, {}, "{}")]
+    with pytest.raises(JudgeError, match=r"^the judge failed \(answered HTTP 500\)"):
+        run(rpr.ServerJudge(f"{server.url}#500", timeout=5).complete([]))
+    with pytest.raises(ValueError, match="URL#MODEL"):
+        rpr.RPRConfig(judge="openai:http://x/v1")
+    assert isinstance(rpr.make_judge(f"openai:{server.url}#m", 5), rpr.ServerJudge)
+
+
+def test_the_teacher_calls_through_the_client(server):
+    from orchard_gym.algos.opd import OPDConfig, ServerTeacher, TeacherError
+
+    server.scripts["/v1/models"] = [(200, {}, json.dumps({"data": [{"id": "t"}]}))]
+    lp = [None, {"2": {"logprob": -0.5}}, {"3": {"logprob": -0.25}}]
+    server.scripts["t"] = [(502, {}, "{}"), (200, {}, json.dumps({"choices": [{"index": 0, "prompt_logprobs": lp}]}))]
+    teacher = ServerTeacher(server.url, batch_size=4)
+
+    async def score():
+        try:
+            return await teacher.logprobs([[1, 2, 3]], [1])
+        finally:
+            await teacher.aclose()
+
+    assert run(score()) == [[-0.5, -0.25]] and teacher.model == "t" and teacher.name == f"{server.url}#t"
+    server.scripts["t"] = [(200, {}, json.dumps({"choices": [{"index": 0, "prompt_logprobs": [
+        None, {"2": {"logprob": -1e999}}, {"3": {"logprob": -0.25}}]}]}))]
+    with pytest.raises(TeacherError, match="non-finite"):  # -inf would have passed as a log-prob
+        run(ServerTeacher(f"{server.url}#t").logprobs([[1, 2, 3]], [1]))
+    with pytest.raises(ValueError, match="http"):
+        OPDConfig(teacher="https://#m")
