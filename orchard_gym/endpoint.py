@@ -11,8 +11,9 @@ allows it (the OPD teacher), `URL` alone means the first model `GET /models` lis
 
 What every caller gets the same way:
 
-- retries (tenacity) of connection failures and of 429/502/503/504, waiting what the server
-  asks in `Retry-After` (seconds or an HTTP date) and otherwise backing off with jitter;
+- retries (tenacity; `retry=RetryPolicy(...)` of orchard_gym.retry, `DEFAULT_RETRY` unless given)
+  of connection failures and of 429/502/503/504, waiting what the server asks in `Retry-After`
+  (seconds or an HTTP date, never past the policy's deadline), otherwise backing off with jitter;
   never of other statuses or of a read timeout (a slow model is not made slower);
 - one timeout per request;
 - typed errors, all `EndpointError` (orchard_gym.errors): `EndpointSpecError` (bad spec, also a
@@ -33,7 +34,6 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, Field
 from tenacity import AsyncRetrying, RetryCallState, Retrying, retry_if_exception, stop_after_attempt
 from tenacity import stop_after_delay, wait_random_exponential
 
@@ -46,6 +46,7 @@ from .errors import (
     EndpointUnreachable,
 )
 from .ledger import record_usage
+from .retry import RetryPolicy
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})  # overloaded or restarting: worth another try
 EXAMPLE = "http://localhost:8000/v1#Qwen/Qwen3-8B"
@@ -172,14 +173,8 @@ def retry_after(value: str | None) -> float | None:
 
 
 # ------------------------------------------------------------------------------ the client
-class RetrySettings(BaseModel):
-    """Retries of connection failures and 429/502/503/504 (a `Retry-After` is waited as asked,
-    up to what is left of `deadline`)."""
-
-    attempts: int = Field(default=4, ge=1, description="tries in all, the first included")
-    initial: float = Field(default=0.5, ge=0, description="first backoff without Retry-After, seconds")
-    maximum: float = Field(default=8.0, ge=0, description="largest backoff without Retry-After, seconds")
-    deadline: float = Field(default=120.0, gt=0, description="no new try after this many seconds in all")
+# what a model endpoint is given by default: a model server restarting or overloaded takes seconds
+DEFAULT_RETRY = RetryPolicy(attempts=4, initial=0.5, maximum=8.0, deadline=120.0)
 
 
 def _transient(exc: BaseException) -> bool:
@@ -194,14 +189,14 @@ class Endpoint:
     managers) release them."""
 
     def __init__(self, spec: str | EndpointSpec, *, api_key: str | None = None, timeout: float = 120.0,
-                 retry: RetrySettings | None = None, usage_source: str | None = "policy",
+                 retry: RetryPolicy | None = None, usage_source: str | None = "policy",
                  model_required: bool = True, what: str = "the endpoint"):
         self.spec = spec if isinstance(spec, EndpointSpec) else parse_spec(spec, model_required=model_required,
                                                                              what=what)
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise EndpointSpecError(f"{what}'s timeout must be a positive number of seconds, not {timeout!r}")
         self.timeout = float(timeout)
-        self.retry = retry or RetrySettings()
+        self.retry = retry or DEFAULT_RETRY
         self.usage_source = usage_source
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._async: httpx.AsyncClient | None = None
@@ -372,5 +367,5 @@ class Endpoint:
         self.close()
 
 
-__all__ = ["Chat", "Endpoint", "EndpointSpec", "RetrySettings", "decode", "is_endpoint", "parse_spec", "retry_after",
+__all__ = ["DEFAULT_RETRY", "Chat", "Endpoint", "EndpointSpec", "decode", "is_endpoint", "parse_spec", "retry_after",
            "RETRY_STATUSES"]

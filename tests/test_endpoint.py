@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from orchard_gym import ledger
-from orchard_gym.endpoint import Endpoint, EndpointSpec, RetrySettings, is_endpoint, parse_spec, retry_after
+from orchard_gym.endpoint import Endpoint, EndpointSpec, is_endpoint, parse_spec, retry_after
 from orchard_gym.errors import (
     EndpointBadResponse,
     EndpointError,
@@ -28,9 +28,10 @@ from orchard_gym.errors import (
     InvalidRequest,
     JudgeError,
 )
+from orchard_gym.retry import RetryPolicy
 
 HOLD = "hold"
-FAST = RetrySettings(attempts=3, initial=0.01, maximum=0.05, deadline=30)
+FAST = RetryPolicy(attempts=3, initial=0.01, maximum=0.05, deadline=30)
 
 
 def completion(text: str = "hello", usage: dict | None = None) -> str:
@@ -239,7 +240,7 @@ def test_overload_gives_up_after_the_attempts_or_the_deadline(server):
     server.scripts["m"] = [(429, {"Retry-After": "3600"}, "{}")]
     started = time.monotonic()
     with pytest.raises(EndpointStatusError) as e:
-        run(chat_once(Endpoint(f"{server.url}#m", retry=RetrySettings(attempts=5, deadline=0.3))))
+        run(chat_once(Endpoint(f"{server.url}#m", retry=RetryPolicy(attempts=5, deadline=0.3))))
     assert e.value.retry_after == 3600 and time.monotonic() - started < 60  # not the hour asked: the deadline
 
 

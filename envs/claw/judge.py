@@ -64,7 +64,7 @@ def requirements(check: dict) -> str:
 
 async def judge(spec: str, api_key: str | None, check: dict, instruction: str, answer: str,
                 timeout: float = 120.0) -> tuple[bool, str]:
-    """(passed, reason) of a judge check's rubric and precision requirements; JudgeFailed when
+    """(passed, reason) of a judge check's rubric and precision requirements; JudgeError when
     there is no verdict to be had."""
     prompt = PROMPT.format(instruction=instruction, rubric=check["rubric"], requirements=requirements(check),
                            answer=answer or "(no answer given)")
