@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
@@ -201,6 +202,7 @@ class Endpoint:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._async: httpx.AsyncClient | None = None
         self._sync: httpx.Client | None = None
+        self._sync_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -219,9 +221,10 @@ class Endpoint:
 
     @property
     def http_sync(self) -> httpx.Client:
-        if self._sync is None:
-            self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
-        return self._sync
+        with self._sync_lock:  # sync callers are threads (the credit judge's pool): make one client
+            if self._sync is None:
+                self._sync = httpx.Client(timeout=self.timeout, headers=self.headers)
+            return self._sync
 
     # -------------------------------------------------------------- retries
     def _wait(self, state: RetryCallState) -> float:
