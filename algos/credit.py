@@ -27,15 +27,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from orchard_gym.endpoint import Endpoint
+from orchard_gym.errors import EndpointError, JudgeError  # JudgeError's old home was here: still importable
+
+from .local_chat import LocalChat
 from .pool import PoolEntry
 from .pool_tokens import spans_of
 
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "credit_judge.md"
 TIE = 1e-9
-
-
-class JudgeError(RuntimeError):
-    """The judge gave no usable value curve; the trajectory is dropped."""
 
 
 # ------------------------------------------------------------------------------ the maths
@@ -158,54 +158,34 @@ class PromptJudge:
 
 
 class OpenAIJudge(PromptJudge):
-    """Chat completions at an OpenAI-compatible endpoint: `URL#MODEL`."""
+    """Chat completions at an OpenAI-compatible endpoint: `URL#MODEL` (orchard_gym.endpoint)."""
 
     def __init__(self, spec: str, prompt_path: str | Path | None = None, *, api_key: str | None = None,
                  timeout: float = 120.0, max_tokens: int = 1024):
         super().__init__(prompt_path)
-        if "#" not in spec:
-            raise ValueError("the judge is 'URL#MODEL', e.g. http://localhost:8000/v1#Qwen/Qwen3-8B")
-        url, self.model = spec.split("#", 1)
-        self.url = url.rstrip("/") + "/chat/completions"
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.endpoint = Endpoint(spec, api_key=api_key, timeout=timeout, usage_source="judge", what="the judge")
+        self.model, self.url = self.endpoint.model, self.endpoint.spec.route("chat/completions")
         self.timeout, self.max_tokens = timeout, max_tokens
 
     def complete(self, prompt: str) -> str:
-        import httpx
-
-        body = {"model": self.model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.0,
-                "max_tokens": self.max_tokens}
         try:
-            resp = httpx.post(self.url, json=body, headers=self.headers, timeout=self.timeout)
-        except httpx.TimeoutException:
-            raise JudgeError(f"the judge did not answer within {self.timeout}s") from None
-        if resp.status_code != 200:
-            raise JudgeError(f"the judge answered HTTP {resp.status_code}")
-        try:
-            return resp.json()["choices"][0]["message"]["content"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise JudgeError("the judge's response is no chat completion") from None
+            reply = self.endpoint.chat_sync([{"role": "user", "content": prompt}], temperature=0.0,
+                                            max_tokens=self.max_tokens)
+        except EndpointError as e:
+            raise JudgeError.of(e) from None
+        return reply.content
 
 
 class LocalJudge(PromptJudge):
-    """A local Hugging Face causal LM, greedy, through its chat template."""
+    """A local Hugging Face causal LM, greedy, through its chat template (algos/local_chat.py)."""
 
     def __init__(self, model_path: str | Path, prompt_path: str | Path | None = None, max_new_tokens: int = 512):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         super().__init__(prompt_path)
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_path))
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_path)).eval()
-        self.max_new_tokens = max_new_tokens
+        self.chat = LocalChat(model_path, max_tokens=max_new_tokens, what="judge")
+        self.tokenizer, self.model, self.max_new_tokens = self.chat.tokenizer, self.chat.model, max_new_tokens
 
     def complete(self, prompt: str) -> str:
-        import torch
-
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                 return_tensors="pt", return_dict=True)
-        with torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_new_tokens, do_sample=False)
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+        return self.chat.generate([{"role": "user", "content": prompt}])
 
 
 class MonteCarloJudge:

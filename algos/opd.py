@@ -32,9 +32,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import httpx
-
 from orchard_gym._loop import LoopThread, run_in_thread
+from orchard_gym.endpoint import Endpoint, EndpointSpec, is_endpoint, parse_spec
+from orchard_gym.errors import EndpointError
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,8 @@ class OPDConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.teacher, str) or not self.teacher.strip():
             raise ValueError("opd teacher must be a model folder or an http(s):// URL")
+        if is_endpoint(self.teacher):
+            parse_spec(self.teacher, model_required=False, what="the opd teacher")  # a ValueError saying the form
         if not (isinstance(self.coef, (int, float)) and self.coef > 0):
             raise ValueError(f"opd coef must be a positive number, not {self.coef!r}")
         if self.batch_size < 1 or self.concurrency < 1 or not self.timeout > 0:
@@ -152,40 +154,31 @@ class ServerTeacher:
 
     def __init__(self, url: str, *, model: str | None = None, batch_size: int = 8, concurrency: int = 4,
                  timeout: float = 120.0, api_key: str | None = None):
-        if "#" in url:
-            url, model = url.split("#", 1)
-        if not url.startswith(("http://", "https://")):
-            raise ValueError(f"teacher URL must start with http:// or https://, not {url!r}")
-        self.url = url.rstrip("/")
-        self.model = model or None
+        spec = parse_spec(url, model_required=False, what="the teacher")
+        self.endpoint = Endpoint(EndpointSpec(spec.url, spec.model or model or None), api_key=api_key,
+                                 timeout=timeout, usage_source=None)  # prompt scoring: no episode to charge
+        self.url = spec.url
         self.batch_size = batch_size
         self.timeout = timeout
-        self.name = f"{self.url}#{self.model or '?'}"
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(timeout=timeout, headers=headers)
         self._gate = asyncio.Semaphore(concurrency)
 
-    async def _model_name(self) -> str:
-        if self.model is None:
-            r = await self._client.get(f"{self.url}/models")
-            r.raise_for_status()
-            self.model = r.json()["data"][0]["id"]
-            self.name = f"{self.url}#{self.model}"
-        return self.model
+    @property
+    def model(self) -> str | None:
+        return self.endpoint.model
+
+    @property
+    def name(self) -> str:
+        return f"{self.url}#{self.model or '?'}"
 
     async def _call(self, sequences: list[list[int]], starts: list[int]) -> list[list[float]]:
         async with self._gate:
-            body = {"model": await self._model_name(), "prompt": sequences, "max_tokens": 1, "temperature": 0.0,
-                    "prompt_logprobs": 0}
             try:
-                r = await self._client.post(f"{self.url}/completions", json=body)
-            except httpx.HTTPError as e:
-                raise TeacherError(f"teacher call failed: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise TeacherError(f"teacher answered HTTP {r.status_code}: {r.text[:200]}")
+                data = await self.endpoint.completions(sequences, max_tokens=1, temperature=0.0, prompt_logprobs=0)
+            except EndpointError as e:
+                raise TeacherError(f"teacher call failed ({e.reason}): {e}") from None
         try:
-            choices = sorted(r.json()["choices"], key=lambda c: c.get("index", 0))
-        except (ValueError, KeyError, TypeError) as e:
+            choices = sorted(data["choices"], key=lambda c: c.get("index", 0))
+        except (KeyError, TypeError, AttributeError) as e:
             raise TeacherError(f"teacher answer is not a completions response: {e}") from None
         if len(choices) != len(sequences):
             raise TeacherError(f"teacher returned {len(choices)} choices for {len(sequences)} prompts")
@@ -198,7 +191,7 @@ class ServerTeacher:
         return [row for part in parts for row in part]
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.endpoint.aclose()
 
 
 def _prompt_logprobs(choice: dict, ids: list[int], start: int) -> list[float]:
@@ -221,7 +214,7 @@ def _prompt_logprobs(choice: dict, ids: list[int], start: int) -> list[float]:
 
 def make_teacher(spec: str, student_tokenizer, config: OPDConfig | None = None):
     config = config or OPDConfig(teacher=spec)
-    if spec.startswith(("http://", "https://")):
+    if is_endpoint(spec):
         return ServerTeacher(spec, batch_size=config.batch_size, concurrency=config.concurrency,
                              timeout=config.timeout)
     return LocalTeacher(spec, student_tokenizer, batch_size=config.batch_size)

@@ -33,18 +33,17 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import httpx
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from orchard_gym._loop import LoopThread, run_in_thread
+from orchard_gym._loop import LoopThread
+from orchard_gym.endpoint import Endpoint, is_endpoint, parse_spec
+from orchard_gym.errors import EndpointError, JudgeError  # JudgeError's old home was here: still importable
+
+from .local_chat import LocalChat
 
 log = logging.getLogger(__name__)
 
 BUILTIN_RUBRICS = ("swe", "claw", "gui", "generic")
-
-
-class JudgeError(RuntimeError):
-    """The judge gave no usable verdict (the sample is dropped)."""
 
 
 # ------------------------------------------------------------------------------ rubrics
@@ -197,77 +196,37 @@ def judge_messages(rubric: Rubric, summary: str) -> list[dict]:
 
 # ------------------------------------------------------------------------------ judges
 class ServerJudge:
-    """An OpenAI-compatible chat completions endpoint: `http(s)://HOST:PORT/v1#MODEL`."""
+    """An OpenAI-compatible chat completions endpoint: `http(s)://HOST:PORT/v1#MODEL` (orchard_gym.endpoint)."""
 
     def __init__(self, spec: str, *, timeout: float = 60.0, max_tokens: int = 1024, api_key: str | None = None):
-        url, _, model = spec.partition("#")
-        if not url.startswith(("http://", "https://")) or not model:
-            raise ValueError(f"judge must be URL#MODEL (e.g. http://127.0.0.1:8000/v1#qwen), not {spec!r}")
-        self.url, self.model, self.max_tokens = url.rstrip("/"), model, max_tokens
+        self.endpoint = Endpoint(spec, api_key=api_key, timeout=timeout, usage_source="judge", what="judge")
+        self.url, self.model, self.max_tokens = self.endpoint.url, self.endpoint.model, max_tokens
         self.timeout = timeout
-        self._client = httpx.AsyncClient(timeout=timeout,
-                                         headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
 
     async def complete(self, messages: list[dict]) -> str:
-        body = {"model": self.model, "messages": messages, "temperature": 0.0, "max_tokens": self.max_tokens,
-                "response_format": {"type": "json_schema",
-                                    "json_schema": {"name": "verdict", "schema": verdict_schema()}}}
         try:
-            r = await self._client.post(f"{self.url}/chat/completions", json=body)
-        except httpx.TimeoutException:
-            raise JudgeError(f"judge timed out after {self.timeout:g}s") from None
-        except httpx.HTTPError as e:
-            raise JudgeError(f"judge call failed: {type(e).__name__}: {e}") from None
-        if r.status_code != 200:
-            raise JudgeError(f"judge answered HTTP {r.status_code}: {r.text[:200]}")
-        try:
-            choice = r.json()["choices"][0]
-            message = choice["message"]
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise JudgeError("judge answer is not a chat completion") from None
-        if message.get("refusal") or choice.get("finish_reason") == "content_filter":
-            raise JudgeError(f"judge refused: {str(message.get('refusal') or 'content filter')[:200]}")
-        return message.get("content") or ""
+            reply = await self.endpoint.chat(messages, temperature=0.0, max_tokens=self.max_tokens,
+                                             response_format={"type": "json_schema", "json_schema": {
+                                                 "name": "verdict", "schema": verdict_schema()}})
+        except EndpointError as e:
+            raise JudgeError.of(e) from None
+        if reply.refusal is not None:
+            raise JudgeError(f"judge refused: {reply.refusal[:200]}")
+        return reply.content
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.endpoint.aclose()
 
 
-class LocalJudge:
-    """A Hugging Face chat model on this machine, greedy decoding."""
+class LocalJudge(LocalChat):
+    """A Hugging Face chat model on this machine, greedy decoding (algos/local_chat.py)."""
 
     def __init__(self, path: str, *, max_tokens: int = 512):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.model = AutoModelForCausalLM.from_pretrained(path)
-        except (OSError, ValueError) as e:
-            raise ValueError(f"cannot load the judge model {path!r}: {e}") from None
-        self.model.eval()
-        self.max_tokens = max_tokens
-        self._lock = asyncio.Lock()
-
-    def _generate(self, messages: list[dict]) -> str:
-        import torch
-
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                                 return_dict=True)
-        with torch.no_grad():
-            out = self.model.generate(**ids, max_new_tokens=self.max_tokens, do_sample=False,
-                                      pad_token_id=self.tokenizer.pad_token_id or self.tokenizer.eos_token_id)
-        return self.tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-
-    async def complete(self, messages: list[dict]) -> str:
-        async with self._lock:  # one generate at a time on this machine
-            return await run_in_thread(self._generate, messages)
-
-    async def aclose(self) -> None:
-        return None
+        super().__init__(path, max_tokens=max_tokens, what="judge")
 
 
 def make_judge(spec: str, timeout: float):
-    if spec.startswith(("http://", "https://")):
+    if is_endpoint(spec):
         return ServerJudge(spec, timeout=timeout)
     if Path(spec).is_dir():
         return LocalJudge(spec)
@@ -337,8 +296,8 @@ class RPRConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.judge, str) or not self.judge.strip():
             raise ValueError("rpr judge must be URL#MODEL or a local model folder")
-        if self.judge.startswith(("http://", "https://")) and "#" not in self.judge:
-            raise ValueError(f"rpr judge URL needs the model after '#': {self.judge}#MODEL")
+        if is_endpoint(self.judge):
+            parse_spec(self.judge, what="the rpr judge")  # a ValueError that says the form
         parse_combine(self.combine)
         if self.rubric is not None:
             load_rubric(self.rubric)

@@ -228,6 +228,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
 
     from .client import AsyncSandboxClient
     from .envs.rollout import run_episodes
+    from .errors import EndpointSpecError
     from .policies import NothingPolicy, OpenAIPolicy, OraclePolicy
 
     if policy == "oracle":
@@ -235,7 +236,10 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     elif policy == "nothing":
         agent = NothingPolicy()
     elif policy.startswith("openai:"):
-        agent = OpenAIPolicy(policy[len("openai:"):], api_key=model_api_key)
+        try:
+            agent = OpenAIPolicy(policy, api_key=model_api_key)
+        except EndpointSpecError as e:
+            raise click.BadParameter(str(e), param_hint="--policy") from None
     else:
         raise click.BadParameter("use oracle, nothing or openai:URL#MODEL", param_hint="--policy")
     spec = _env_spec(env_id)

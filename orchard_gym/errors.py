@@ -62,3 +62,54 @@ class BackendError(OrchardError):
 
 class ServiceUnavailable(OrchardError):
     """The orchestrator is overloaded (503); safe to retry."""
+
+
+class EndpointError(OrchardError):
+    """A model endpoint (OpenAI-compatible `URL#MODEL`, orchard_gym.endpoint) gave no usable answer.
+
+    `url` is the route that was called (None for a bad spec), `status` the HTTP status where
+    one came back."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None,
+                 reason: str | None = None):
+        super().__init__(message)
+        self.url, self.status = url, status
+        self.reason = reason or message  # short, without the URL: fit to count failures by
+
+
+class EndpointSpecError(EndpointError, InvalidRequest):
+    """The endpoint spec is not `URL#MODEL` (or `openai:URL#MODEL`) with an http(s) URL."""
+
+
+class EndpointUnreachable(EndpointError, ConnectionError):
+    """No connection to the endpoint (refused, reset, DNS), after the retries."""
+
+
+class EndpointTimeout(EndpointError, TimeoutError):
+    """The endpoint did not answer within the client's timeout."""
+
+
+class EndpointStatusError(EndpointError):
+    """The endpoint answered an HTTP error status (429/502/503/504 only after the retries).
+
+    `retry_after`: seconds the server asked to wait (`Retry-After`), where it said."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None,
+                 reason: str | None = None, retry_after: float | None = None):
+        super().__init__(message, url=url, status=status, reason=reason)
+        self.retry_after = retry_after
+
+
+class EndpointBadResponse(EndpointError, ValueError):
+    """The endpoint answered 2xx with something unusable: no JSON, a non-finite number, not the
+    expected shape (no chat completion, no choices)."""
+
+
+class JudgeError(OrchardError, RuntimeError):
+    """A judge (LLM, local model, value model, Monte Carlo values) gave no usable verdict: the
+    sample or trajectory is dropped or marked errored, never given a made-up score."""
+
+    @classmethod
+    def of(cls, error: EndpointError) -> JudgeError:
+        """The judge's endpoint failed: its reason first (what a count of dropped samples keys on)."""
+        return cls(f"the judge failed ({error.reason}): {error}")

@@ -62,7 +62,7 @@ class Ledger(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model_calls: int = 0
-    token_source: str | None = Field(None, description="'policy', 'proxy' or 'trainer'; None: no tokens reported")
+    token_source: str | None = Field(None, description="'policy', 'proxy', 'trainer' or 'judge' (who reported first); None: no tokens reported")
 
     @property
     def sandbox_seconds(self) -> float:

@@ -9,8 +9,8 @@ from typing import Any
 
 import httpx
 
-from .errors import InvalidRequest
-from .ledger import record_usage
+from .endpoint import Endpoint
+from .errors import EndpointBadResponse, InvalidRequest
 
 
 class OraclePolicy:
@@ -37,38 +37,37 @@ class OraclePolicy:
 class OpenAIPolicy:
     """Chat completions with tools against any OpenAI-compatible endpoint (vLLM, ...).
 
-    `spec` is `URL#MODEL`, e.g. `http://localhost:8000/v1#Qwen/Qwen3-8B`. A ReAct loop:
-    the model's tool call (or a fenced bash block in plain text) is the action.
+    `spec` is `URL#MODEL` or `openai:URL#MODEL`, e.g. `http://localhost:8000/v1#Qwen/Qwen3-8B`
+    (orchard_gym.endpoint: retries, timeouts, typed `EndpointError`s, usage into the ledger).
+    A ReAct loop: the model's tool call (or a fenced bash block in plain text) is the action.
     """
 
     def __init__(self, spec: str, api_key: str | None = None, temperature: float = 0.0, max_tokens: int = 2048,
                  timeout: float = 300.0):
-        if "#" not in spec:
-            raise InvalidRequest("an openai policy is 'openai:URL#MODEL', e.g. openai:http://localhost:8000/v1#my-model")
-        url, self.model = spec.split("#", 1)
-        self.url = url.rstrip("/") + "/chat/completions"
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = httpx.AsyncClient(timeout=timeout, headers=headers)
+        self.endpoint = Endpoint(spec, api_key=api_key, timeout=timeout, usage_source="policy",
+                                 what="an openai policy")
+        self.model, self.url = self.endpoint.model, self.endpoint.spec.route("chat/completions")
         self.temperature, self.max_tokens = temperature, max_tokens
 
+    @property
+    def http(self) -> httpx.AsyncClient:
+        return self.endpoint.http
+
     async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
-        body = {"model": self.model, "messages": messages, "tools": tools, "tool_choice": "auto",
-                "temperature": self.temperature, "max_tokens": self.max_tokens}
-        resp = await self.http.post(self.url, json=body)
-        resp.raise_for_status()
-        data = resp.json()
-        record_usage(data.get("usage"))  # the running episode's ledger (orchard_gym.ledger)
-        message = data["choices"][0]["message"]
-        calls = message.get("tool_calls") or []
-        if calls:
-            call = calls[0]
-            return {"id": call.get("id"), "name": call["function"]["name"],
-                    "arguments": call["function"].get("arguments") or "{}"}
-        return message.get("content") or ""
+        reply = await self.endpoint.chat(messages, tools=tools, tool_choice="auto", temperature=self.temperature,
+                                         max_tokens=self.max_tokens)
+        if reply.tool_calls:
+            call = reply.tool_calls[0]
+            try:
+                return {"id": call.get("id"), "name": call["function"]["name"],
+                        "arguments": call["function"].get("arguments") or "{}"}
+            except (KeyError, TypeError, AttributeError):
+                raise EndpointBadResponse(f"{self.url} answered a malformed tool call: {str(call)[:200]}",
+                                          url=self.url) from None
+        return reply.content
 
     async def aclose(self) -> None:
-        await self.http.aclose()
-
+        await self.endpoint.aclose()
 
 
 class NothingPolicy:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
+from orchard_gym.endpoint import Endpoint, EndpointSpec, is_endpoint, parse_spec
+from orchard_gym.errors import EndpointSpecError
 
 from .harness import Harness, get_harness
 
@@ -57,35 +58,28 @@ class NothingPolicy:
 
 
 class ChatPolicy:
-    """An OpenAI-compatible chat-completions endpoint answers the harness's requests."""
+    """An OpenAI-compatible chat-completions endpoint answers the harness's requests (through
+    `orchard_gym.endpoint`; the recording proxy charges the usage returned, so the client does not)."""
 
     def __init__(self, url: str, model: str, api_key: str | None = None, timeout: float = 600.0,
                  temperature: float | None = None):
-        self.url = url.rstrip("/") + "/chat/completions"
-        self.model, self.temperature = model, temperature
-        self.http = httpx.AsyncClient(timeout=timeout, headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        self.endpoint = Endpoint(EndpointSpec(parse_spec(url, model_required=False).url, model), api_key=api_key,
+                                 timeout=timeout, usage_source=None)
+        self.url, self.model, self.temperature = self.endpoint.spec.route("chat/completions"), model, temperature
 
     async def __call__(self, harness: Harness, task: Any, info: dict) -> tuple[Any, dict | None]:
         tools = [t for t in info.get("tools") or [] if isinstance(t, dict) and t.get("type") == "function"
                  and "function" in t]  # hosted tools (web search, namespaces) are not chat tools
-        body: dict[str, Any] = {"model": self.model, "messages": info["messages"]}
-        if tools:
-            body["tools"] = tools
-        if self.temperature is not None:
-            body["temperature"] = self.temperature
-        resp = await self.http.post(self.url, json=body)
-        if resp.status_code >= 400:
-            raise RuntimeError(f"the model endpoint answered {resp.status_code}: {resp.text[:500]}")
-        data = resp.json()
-        message = data["choices"][0]["message"]
-        action = {"role": "assistant", "content": message.get("content"),
-                  "tool_calls": message.get("tool_calls") or []}
+        reply = await self.endpoint.chat(info["messages"], tools=tools or None, temperature=self.temperature)
+        content = reply.message.get("content")
+        action = {"role": "assistant", "content": content if content is None else reply.content,
+                  "tool_calls": reply.tool_calls}
         if action["content"] is None and not action["tool_calls"]:
             action["content"] = ""
-        return action, ({"usage": data["usage"]} if isinstance(data.get("usage"), dict) else None)
+        return action, ({"usage": reply.usage} if reply.usage is not None else None)
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await self.endpoint.aclose()
 
 
 def policy_from_spec(spec: str, api_key: str | None = None) -> Policy:
@@ -94,10 +88,13 @@ def policy_from_spec(spec: str, api_key: str | None = None) -> Policy:
         return OraclePolicy()
     if spec == "nothing":
         return NothingPolicy()
-    if spec.startswith("openai:") and "#" in spec:
-        url, model = spec[len("openai:"):].split("#", 1)
-        if url.startswith(("http://", "https://")) and model:
-            return ChatPolicy(url, model, api_key)
+    if is_endpoint(spec) and spec.startswith("openai:"):
+        try:
+            parsed = parse_spec(spec, what="a harness policy")
+        except EndpointSpecError:
+            pass
+        else:
+            return ChatPolicy(parsed.url, str(parsed.model), api_key)
     raise ValueError(f"unknown policy {spec!r}: use oracle, nothing or openai:URL#MODEL")
 
 

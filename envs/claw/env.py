@@ -25,12 +25,14 @@ from typing import Any
 import jsonschema
 
 from orchard_gym.client import AsyncSandboxInstance
+from orchard_gym.endpoint import parse_spec
+from orchard_gym.errors import JudgeError
 
 from ..base import SandboxEnv
 from ..tools import BashTool, SubmitTool, Tool, ToolContext, ToolError, ToolResult, clip
 from . import checks
 from .deploy import STATE_DIR, ClawService, ServiceError
-from .judge import JudgeFailed, judge, parse_spec
+from .judge import judge
 from .sandbox import claw_tools
 from .sandbox.claw_service import MAX_ARGS
 from .tasks import ClawTask, load_tasks
@@ -96,7 +98,7 @@ class ClawEnv(SandboxEnv):
         self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
         self.with_bash, self.image = bash, image
         if judge is not None:
-            parse_spec(judge)
+            parse_spec(judge, what="judge=")
         self.judge, self.judge_api_key = judge, judge_api_key
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
@@ -158,7 +160,7 @@ class ClawEnv(SandboxEnv):
         for i, check in enumerate(task.checks):
             if check["type"] == "judge":
                 if self.judge is None:
-                    raise JudgeFailed(f"task {task.task_id} has a judge check: give the env judge='URL#MODEL'")
+                    raise JudgeError(f"task {task.task_id} has a judge check: give the env judge='URL#MODEL'")
                 answer = (snap["state"].get("answer") or {}).get("text") or ""
                 if checks.imprecise(check, answer) is None:  # else the check fails as it stands: no judge needed
                     judged[i] = await judge(self.judge, self.judge_api_key, check, task.instruction, answer)

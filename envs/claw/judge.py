@@ -8,8 +8,10 @@ object `{"verdict": "pass"|"fail", "reason": ...}`. The prompt carries the preci
 requirements: a shotgun answer (candidates listed, records pasted) fails, and so does one that
 breaks the check's `max_chars` or `must_not_contain` — which checks.py also enforces itself,
 so such an answer fails without a judge call. When the endpoint fails or answers
-something else, grading raises `JudgeFailed`: the trajectory is marked errored (like a dead
-sandbox) and trainers drop it; a score is never made up.
+something else, grading raises `JudgeError` (orchard_gym.errors; `JudgeFailed` is its old
+name): the trajectory is marked errored (like a dead sandbox) and trainers drop it; a score is
+never made up. The call goes through `orchard_gym.endpoint` (retries, timeout, the judge's
+tokens into the episode's ledger as `source="judge"`).
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
-
-from orchard_gym.errors import SandboxFailed
+from orchard_gym.endpoint import Endpoint
+from orchard_gym.endpoint import parse_spec as parse_endpoint
+from orchard_gym.errors import EndpointError, JudgeError
 
 PROMPT = """You grade an assistant's final answer to a user's task. Reply with only a JSON object
 {{"verdict": "pass" or "fail", "reason": "<one sentence>"}}.
@@ -40,15 +42,13 @@ The assistant's final answer:
 >>>"""
 
 
-class JudgeFailed(SandboxFailed):
-    """The judge could not give a verdict: an infrastructure failure, not the policy's."""
+JudgeFailed = JudgeError  # the old name (deprecated): one judge error for every judge
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
-    if "#" not in spec:
-        raise ValueError("judge= is 'URL#MODEL', e.g. http://localhost:8000/v1#Qwen/Qwen3-8B")
-    url, model = spec.split("#", 1)
-    return url.rstrip("/") + "/chat/completions", model
+    """(chat completions URL, model) of `URL#MODEL` (deprecated: `orchard_gym.endpoint.parse_spec`)."""
+    parsed = parse_endpoint(spec, what="judge=")
+    return parsed.route("chat/completions"), str(parsed.model)
 
 
 def requirements(check: dict) -> str:
@@ -64,25 +64,23 @@ def requirements(check: dict) -> str:
 
 async def judge(spec: str, api_key: str | None, check: dict, instruction: str, answer: str,
                 timeout: float = 120.0) -> tuple[bool, str]:
-    """(passed, reason) of a judge check's rubric and precision requirements; JudgeFailed when
+    """(passed, reason) of a judge check's rubric and precision requirements; JudgeError when
     there is no verdict to be had."""
-    url, model = parse_spec(spec)
     prompt = PROMPT.format(instruction=instruction, rubric=check["rubric"], requirements=requirements(check),
                            answer=answer or "(no answer given)")
-    body = {"model": model, "temperature": 0.0, "max_tokens": 400, "messages": [{"role": "user", "content": prompt}]}
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    endpoint = Endpoint(spec, api_key=api_key, timeout=timeout, usage_source="judge", what="judge=")
     try:
-        async with httpx.AsyncClient(timeout=timeout) as http:
-            resp = await http.post(url, json=body, headers=headers)
-        resp.raise_for_status()
-        content = resp.json()["choices"][0]["message"]["content"]
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise JudgeFailed(f"the judge at {url} failed: {type(e).__name__}: {e}") from None
-    match = re.search(r"\{.*\}", content or "", re.DOTALL)
+        reply = await endpoint.chat([{"role": "user", "content": prompt}], temperature=0.0, max_tokens=400)
+    except EndpointError as e:
+        raise JudgeError(f"the judge at {endpoint.url} failed: {type(e).__name__}: {e}") from None
+    finally:
+        await endpoint.aclose()
+    content = reply.content
+    match = re.search(r"\{.*\}", content, re.DOTALL)
     try:
         verdict = json.loads(match.group(0)) if match else None
     except ValueError:
         verdict = None
     if not isinstance(verdict, dict) or verdict.get("verdict") not in ("pass", "fail"):
-        raise JudgeFailed(f"the judge gave no verdict: {str(content)[:200]!r}")
+        raise JudgeError(f"the judge gave no verdict: {content[:200]!r}")
     return verdict["verdict"] == "pass", str(verdict.get("reason", ""))[:500]
