@@ -278,12 +278,15 @@ BackendConfig = Annotated[LocalBackendConfig | DockerBackendConfig | KubernetesB
 _adapter: TypeAdapter = TypeAdapter(BackendConfig)
 
 
-def parse_backend_config(data: dict | BaseModel) -> BaseModel:
-    """A config object from a dict like {"type": "local", ...}."""
+def parse_backend_config(data: dict | str | BaseModel) -> BaseModel:
+    """A config object from a dict like {"type": "local", ...}, or a bare type name ("local",
+    "docker", "kubernetes": that backend's defaults, as the CLI's --backend says it)."""
     from orchard_gym.errors import InvalidRequest
 
     if isinstance(data, BaseModel):
         return data
+    if isinstance(data, str):
+        data = {"type": data}
     try:
         return _adapter.validate_python(data)
     except ValidationError as e:

@@ -23,7 +23,7 @@ import gymnasium as gym
 
 from orchard_gym._loop import LoopThread
 from orchard_gym.client import AsyncSandboxClient, AsyncSandboxInstance
-from orchard_gym.errors import AgentUnavailable, JudgeError, OrchardError, SandboxFailed, SandboxTimeout
+from orchard_gym.errors import AgentUnavailable, JudgeError, OrchardError, SandboxFailed, SandboxNotFound, SandboxTimeout
 from orchard_gym.ledger import charge_sandbox
 from orchard_gym.trajectory import Trajectory, Turn
 
@@ -32,7 +32,9 @@ from .actions import ActionError, parse_action
 from .spaces import AgentAction, UnicodeText
 from .tools import Tool, ToolContext, ToolError
 
-INFRA_ERRORS = (SandboxFailed, AgentUnavailable, SandboxTimeout, JudgeError)  # JudgeError: a grader's judge
+# the episode cannot go on (or be graded): SandboxNotFound is a sandbox deleted behind the env's
+# back (an operator, a reaper, a crashed node), not a request the policy can fix; JudgeError: a grader's judge
+INFRA_ERRORS = (SandboxFailed, SandboxNotFound, AgentUnavailable, SandboxTimeout, JudgeError)
 
 
 class SandboxEnv(gym.Env):
