@@ -134,5 +134,5 @@ def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refin
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     click.echo(format_report(report))
-    if report["reached"]["accepted"] < n:
+    if report["kept"] < n:
         raise SystemExit(1)

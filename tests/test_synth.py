@@ -62,7 +62,8 @@ def test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build(
 
     # propose: 5 drafted, one a repeat (refused by the store); prune: the near-duplicate and the
     # one the pruner did not pick are discarded, each with its reason
-    assert report["reached"]["propose"] == 5
+    assert report["yields"] == {"propose": [5, 4], "prune": [4, 2], "build": [2, 2], "test": [2, 2],
+                                "refine": [1, 1]}
     reasons = {d["stage"]: d["reason"] for d in report["dropped"]}
     assert reasons["duplicate"] == "duplicate of #1 (refused by the store)"
     discarded = [d for d in report["dropped"] if d["stage"] == "discarded"]

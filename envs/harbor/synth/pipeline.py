@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from . import agents, folders, prompts
 from .pool import load_pool
+from .report import make_report, write_report
 from .store import Store, normalize
 from .testing import rollout_text, test_task
 from .workshop import Job, pack_pool
@@ -82,8 +83,6 @@ class Pipeline:
 
     # ------------------------------------------------------------------ driver
     async def run(self) -> dict:
-        from .report import make_report, write_report
-
         self.bar = tqdm(total=self.cfg.n, desc="synth", unit="task", disable=not self.cfg.progress)
         try:
             self._show()

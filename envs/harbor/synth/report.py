@@ -29,12 +29,15 @@ def make_report(store: Store, cfg: Any, price: Prices | None = None) -> dict:
     if price is None:
         total["cost"] = None
     kept = counts["accepted"]
-    reached = {  # how many tasks got to each stage
-        "propose": proposed,
-        "prune": len(tasks) - sum(1 for t in tasks if t["stage"] == "discarded"),
-        "build": len({r["task"] for r in store.runs(stage="build")}),
-        "test": len({r["task"] for r in store.runs(stage="test")}),
-        "accepted": kept,
+    selected = len(tasks) - counts["discarded"]
+    refined = {r["task"] for r in store.runs(stage="refine")}
+    yields = {  # stage: [tasks in, tasks out]
+        "propose": [proposed, len(tasks)],  # drafted -> unique
+        "prune": [len(tasks), selected],
+        "build": [len({r["task"] for r in store.runs(stage="build")}),
+                  len({r["task"] for r in store.runs(stage="build") if r["ok"]})],  # -> a folder that loads
+        "test": [len({r["task"] for r in store.runs(stage="test")}), kept],
+        "refine": [len(refined), sum(1 for t in tasks if t["id"] in refined and t["stage"] == "accepted")],
     }
     dropped = [{"id": t["id"], "stage": t["stage"], "instruction": t["instruction"], "reason": t["reason"]}
                for t in tasks if t["stage"] in ("discarded", "dropped")]
@@ -47,10 +50,9 @@ def make_report(store: Store, cfg: Any, price: Prices | None = None) -> dict:
             accepted.append({"id": t["id"], "folder": t["slug"], "instruction": t["instruction"],
                              "refines": t["refines"], "tester_reward": (checks.get("tester") or {}).get("reward")})
     return {
-        "domain": cfg.domain, "n": cfg.n, "stages": counts, "reached": reached,
+        "domain": cfg.domain, "n": cfg.n, "stages": counts, "yields": yields, "kept": kept,
         "yield": kept / proposed if proposed else 0.0,
-        "refine_runs": len(store.runs(stage="refine")),
-        "repaired": sum(1 for t in tasks if t["stage"] == "accepted" and t["refines"]),
+        "repaired": yields["refine"][1],
         "costs": costs, "total": total,
         "per_kept_task": {k: (v / kept if kept and v is not None else None) for k, v in total.items()},
         "accepted": accepted, "dropped": dropped,
@@ -65,20 +67,18 @@ def write_report(report: dict, out: Path) -> Path:
 
 def format_report(report: dict) -> str:
     """The lines `orchard tasks synth` prints."""
-    r = report["reached"]
-    lines = [f"{report['domain']!r}: {r['accepted']} task(s) kept of {r['propose']} proposed "
+    y = report["yields"]
+    lines = [f"{report['domain']!r}: {report['kept']} task(s) kept of {y['propose'][0]} proposed "
              f"(yield {report['yield']:.2f}; wanted {report['n']})",
-             "stage      tasks  model calls  tokens  sandbox-s"]
-    for stage in ("propose", "prune", "build", "test", "refine"):
+             "stage      in -> out  model calls  tokens  sandbox-s"]
+    for stage in STAGE_ORDER:
         c = report["costs"][stage]
-        tasks = r.get(stage, report["refine_runs"] if stage == "refine" else "")
-        lines.append(f"{stage:<10} {tasks!s:>5}  {c['model_calls']:>11}  {c['tokens']:>6}  {c['sandbox_seconds']:>9.1f}")
+        lines.append(f"{stage:<9} {y[stage][0]:>3} -> {y[stage][1]:<3}  {c['model_calls']:>11}  {c['tokens']:>6}  "
+                     f"{c['sandbox_seconds']:>9.1f}")
     per = report["per_kept_task"]
     if per["tokens"] is not None:
         lines.append(f"per kept task: {per['tokens']:.0f} tokens, {per['sandbox_seconds']:.1f} sandbox-s"
                      + (f", cost {per['cost']:.4g}" if per.get("cost") is not None else ""))
-    if report["repaired"]:
-        lines.append(f"repaired at refine: {report['repaired']}")
     for d in report["dropped"]:
         lines.append(f"  {d['stage']}: #{d['id'] or '-'} {d['instruction'][:60]!r}: {d['reason']}")
     return "\n".join(lines)
