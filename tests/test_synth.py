@@ -179,3 +179,35 @@ def test_an_unreachable_model_and_malformed_answers_are_clear_errors(tmp_path):
     result = CliRunner().invoke(cli, ["tasks", "synth", "--domain", "something else", *args[4:],
                                       "--model", "http://127.0.0.1:9/v1#m"])
     assert result.exit_code == 2 and "continues a run for the domain" in result.output
+
+
+def test_redteam_a_builder_cannot_link_host_files_into_the_dataset(tmp_path, local_root):
+    """A builder whose task folder links to a host file (the oracle and the verifier upload what
+    solution/ and tests/ hold, reading through links): the folder is refused when it leaves the
+    sandbox, so the host file never reaches the dataset. With `filter="data"` removed from
+    folders.unpack, the dataset's solve.sh is the host's secret."""
+    from orchard_gym.envs.harbor.synth import folders
+    from orchard_gym.envs.harbor.synth.workshop import Job, WorkshopEnv
+    from synth_models import task_files, write_command
+
+    secret = tmp_path / "host-secret.sh"
+    secret.write_text("echo the host's secret\n")
+    command = write_command(task_files("expenses", False)) + f"\nln -sf {secret} task/solution/solve.sh"
+    env = WorkshopEnv(job=Job(prompt="build"), backend={"type": "local", "isolation": "bwrap", "root": str(local_root)})
+
+    async def builder(messages, tools):
+        turn = sum(m["role"] == "assistant" for m in messages)
+        return {"name": "bash", "arguments": {"command": command}} if turn == 0 else {"name": "submit", "arguments": {}}
+
+    async def episode():
+        try:
+            return await run_episode(env, builder, "job")
+        finally:
+            await env.aclose()
+    trajectory = asyncio.run(episode())
+    assert trajectory.error is None and env.result is not None
+    problems = folders.check(env.result)
+    assert problems and "cannot be unpacked" in problems[0] and trajectory.reward == 0.0, problems
+    with pytest.raises(ValueError, match="cannot be unpacked"):
+        folders.unpack(env.result, tmp_path / "dataset" / "t0001")
+    assert not (tmp_path / "dataset" / "t0001" / "solution" / "solve.sh").exists()
