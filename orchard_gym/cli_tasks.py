@@ -131,6 +131,11 @@ def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refin
         raise click.ClickException(f"{e}\nNothing is lost: run the same command again to continue.") from None
     except MalformedOutput as e:
         raise click.ClickException(f"the model's answer is malformed: {e}") from None
+    except KeyboardInterrupt:
+        stop = click.ClickException("interrupted: the store keeps each task's stage; run the same command again "
+                                    "to continue")
+        stop.exit_code = 130
+        raise stop from None
     except ValueError as e:
         raise click.BadParameter(str(e)) from None
     click.echo(format_report(report))

@@ -17,7 +17,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, needs_bwrap, wait_until
+from conftest import REPO, docker_engine, needs, needs_bwrap, wait_until
 from synth_models import SynthModel
 
 import orchard_gym  # noqa: F401
@@ -32,18 +32,20 @@ from orchard_gym.policies import NothingPolicy
 POOL = Path(__file__).parent / "data" / "synth" / "pool"
 DOMAIN = "everyday tool use over files: spreadsheets, logs, contacts"
 
-pytestmark = needs_bwrap
+_GATEWAY, _WHY_NOT = docker_engine()
 
 
-def config(model: SynthModel, out: Path, root: Path, **kw) -> SynthConfig:
+def local(root: Path) -> dict:
+    return {"type": "local", "isolation": "bwrap", "root": str(root)}
+
+
+def config(model: SynthModel, out: Path, backend: dict, **kw) -> SynthConfig:
     return SynthConfig(domain=DOMAIN, n=2, pool=POOL, out=out, model=model.spec("builder-model"),
-                       tester=model.spec("tester-model"), concurrency=1, progress=False,
-                       backend={"type": "local", "isolation": "bwrap", "root": str(root)}, **kw)
+                       tester=model.spec("tester-model"), concurrency=1, progress=False, backend=backend, **kw)
 
 
-def play(out: Path, root: Path, task_id: str, policy) -> float:
-    env = gym.make("Orchard/Harbor-v0", tasks=str(out), backend={"type": "local", "isolation": "bwrap",
-                                                                  "root": str(root)}).unwrapped
+def play(out: Path, backend: dict, task_id: str, policy) -> float:
+    env = gym.make("Orchard/Harbor-v0", tasks=str(out), backend=backend).unwrapped
 
     async def episode():
         try:
@@ -55,10 +57,11 @@ def play(out: Path, root: Path, task_id: str, policy) -> float:
     return trajectory.reward
 
 
+@needs_bwrap
 def test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build(tmp_path, local_root):
     out = tmp_path / "dataset"
     with SynthModel(defective={"errors"}) as model:
-        report = asyncio.run(synthesize(config(model, out, local_root)))
+        report = asyncio.run(synthesize(config(model, out, local(local_root))))
 
     # propose: 5 drafted, one a repeat (refused by the store); prune: the near-duplicate and the
     # one the pruner did not pick are discarded, each with its reason
@@ -92,14 +95,27 @@ def test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build(
     assert sorted(tasks) == sorted(a["folder"] for a in report["accepted"]) and not [
         p for p in problems if p.severity == "error"]
     for task_id in tasks:
-        assert play(out, local_root, task_id, HarborOraclePolicy()) == 1.0
-        assert play(out, local_root, task_id, NothingPolicy()) == 0.0
+        assert play(out, local(local_root), task_id, HarborOraclePolicy()) == 1.0
+        assert play(out, local(local_root), task_id, NothingPolicy()) == 0.0
     assert json.loads((out / "synth-report.json").read_text())["stages"]["accepted"] == 2
 
     # a second run over a finished store does nothing more
     with SynthModel() as idle:
-        again = asyncio.run(synthesize(config(idle, out, local_root)))
+        again = asyncio.run(synthesize(config(idle, out, local(local_root))))
         assert sum(idle.calls.values()) == 0 and again["stages"] == report["stages"]
+
+
+@pytest.mark.docker
+@needs("docker", None if _GATEWAY else _WHY_NOT)
+def test_a_run_on_the_docker_backend(tmp_path):
+    """Builders in containers, each task's image built from the Dockerfile its builder wrote."""
+    out, backend = tmp_path / "dataset", {"type": "docker"}
+    with SynthModel(defective={"errors"}) as model:
+        report = asyncio.run(synthesize(config(model, out, backend)))
+    assert report["kept"] == 2 and report["repaired"] == 1, report["dropped"]
+    for task_id in load_tasks(str(out))[0]:
+        assert play(out, backend, task_id, HarborOraclePolicy()) == 1.0
+        assert play(out, backend, task_id, NothingPolicy()) == 0.0
 
 
 def run_cli(args: list[str], root: Path) -> subprocess.Popen:
@@ -117,6 +133,7 @@ def stage_of(store: Path, needle: str) -> str | None:
     return row[0] if row else None
 
 
+@needs_bwrap
 def test_a_killed_run_continues_where_it_stopped(tmp_path, local_root):
     out = tmp_path / "dataset"
     with SynthModel(hold="errors") as model:
@@ -181,6 +198,7 @@ def test_an_unreachable_model_and_malformed_answers_are_clear_errors(tmp_path):
     assert result.exit_code == 2 and "continues a run for the domain" in result.output
 
 
+@needs_bwrap
 def test_redteam_a_builder_cannot_link_host_files_into_the_dataset(tmp_path, local_root):
     """A builder whose task folder links to a host file (the oracle and the verifier upload what
     solution/ and tests/ hold, reading through links): the folder is refused when it leaves the
@@ -193,7 +211,7 @@ def test_redteam_a_builder_cannot_link_host_files_into_the_dataset(tmp_path, loc
     secret = tmp_path / "host-secret.sh"
     secret.write_text("echo the host's secret\n")
     command = write_command(task_files("expenses", False)) + f"\nln -sf {secret} task/solution/solve.sh"
-    env = WorkshopEnv(job=Job(prompt="build"), backend={"type": "local", "isolation": "bwrap", "root": str(local_root)})
+    env = WorkshopEnv(job=Job(prompt="build"), backend=local(local_root))
 
     async def builder(messages, tools):
         turn = sum(m["role"] == "assistant" for m in messages)
