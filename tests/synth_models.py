@@ -93,12 +93,12 @@ def write_command(files: dict[str, str]) -> str:
 
 class SynthModel:
     """The scripted model on 127.0.0.1 (a thread of its own). `.calls` counts requests per
-    (role, recipe); `.malformed` makes the proposer answer prose."""
+    (role, recipe); the roles in `.malformed` answer prose instead of their tool call."""
 
     def __init__(self, *, defective: set[str] | frozenset[str] = frozenset(), hold: str | None = None,
                  solve_as_tester: bool = True):
         self.defective, self.hold, self.solve_as_tester = set(defective), hold, solve_as_tester
-        self.malformed = False
+        self.malformed: set[str] = set()
         self.calls: Counter = Counter()
         self.held = threading.Event()      # a held request is waiting
         self._release = threading.Event()
@@ -137,7 +137,8 @@ class SynthModel:
         if role == "builder" and name == self.hold and not self._release.is_set():
             self.held.set()
             await asyncio.to_thread(self._release.wait, 300)
-        message = getattr(self, f"_{role}")(name, turn, messages)
+        message = ({"role": "assistant", "content": "Here are some great ideas!"} if role in self.malformed
+                   else getattr(self, f"_{role}")(name, turn, messages))
         usage = {"prompt_tokens": len(text.split()), "completion_tokens": 20, "total_tokens": len(text.split()) + 20}
         return JSONResponse(chat_completion(message, body.get("model", "scripted"), usage))
 
@@ -148,8 +149,6 @@ class SynthModel:
             "function": {"name": name, "arguments": json.dumps(arguments)}}]}
 
     def _proposer(self, name, turn, messages) -> dict:
-        if self.malformed:
-            return {"role": "assistant", "content": "Here are some great ideas for tasks!"}
         return self._call("propose", {"instructions": [{"instruction": p, "rationale": "from the pool"}
                                                        for p in PROPOSALS]})
 

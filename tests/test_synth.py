@@ -187,10 +187,19 @@ def test_an_unreachable_model_and_malformed_answers_are_clear_errors(tmp_path):
     assert "run the same command again to continue" in result.output
 
     with SynthModel() as model:
-        model.malformed = True
+        model.malformed = {"proposer"}
         result = CliRunner().invoke(cli, [*args, "--model", model.spec()])
-    assert result.exit_code == 1, result.output
-    assert "malformed: no proposer gave a usable instruction: no propose call and no JSON object" in result.output
+        assert result.exit_code == 1, result.output
+        assert "malformed: no proposer gave a usable instruction: no propose call and no JSON object" in result.output
+
+        model.malformed = {"pruner"}  # 4 candidates for 2 places: the pruner must choose
+        two = ["tasks", "synth", "--domain", DOMAIN, "--n", "2", "--pool", str(POOL), "--out", str(tmp_path / "p")]
+        result = CliRunner().invoke(cli, [*two, "--model", model.spec()])
+        assert result.exit_code == 1 and "malformed: no select call and no JSON object" in result.output
+        store = Store(tmp_path / "p" / "synth.sqlite")
+        # the near-duplicate went before the pruner was asked; the rest wait for the next run's prune
+        assert (store.counts()["proposed"], store.counts()["discarded"], store.get_meta("pruned")) == (3, 1, None)
+        store.close()
 
     # a store made for another domain is not continued by mistake
     result = CliRunner().invoke(cli, ["tasks", "synth", "--domain", "something else", *args[4:],
