@@ -98,6 +98,10 @@ def test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build(
         assert play(out, local(local_root), task_id, HarborOraclePolicy()) == 1.0
         assert play(out, local(local_root), task_id, NothingPolicy()) == 0.0
     assert json.loads((out / "synth-report.json").read_text())["stages"]["accepted"] == 2
+    # every episode is kept as a trajectory: 2 builds, 3 test episodes per test (3 tests), 1 refine
+    kept = [json.loads(line)["metadata"]["synth"] for line in (out / "synth-runs.jsonl").read_text().splitlines()]
+    assert [k["role"] for k in kept].count("builder") == 2 and [k["role"] for k in kept].count("refiner") == 1
+    assert sum(k["stage"] == "test" for k in kept) == 9
 
     # a second run over a finished store does nothing more
     with SynthModel() as idle:

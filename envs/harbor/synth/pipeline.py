@@ -26,6 +26,7 @@ from .testing import rollout_text, test_task
 from .workshop import Job, pack_pool
 
 STORE_NAME = "synth.sqlite"
+RUNS_NAME = "synth-runs.jsonl"  # every builder, test and refiner episode (orchard view / orchard export read it)
 NEAR_DUPLICATE = 0.9  # difflib ratio of two normalized instructions above which the later one is pruned
 
 
@@ -103,6 +104,11 @@ class Pipeline:
         if self.cfg.on_stage:
             self.cfg.on_stage(task_id, stage)
         self._show()
+
+    def _keep(self, trajectory: Any, stage: str, role: str, task_id: int) -> None:
+        trajectory.metadata["synth"] = {"stage": stage, "role": role, "task": task_id}
+        with (self.cfg.out / RUNS_NAME).open("a") as sink:
+            sink.write(trajectory.model_dump_json() + "\n")
 
     def _show(self) -> None:
         counts = self.store.counts()
@@ -189,6 +195,7 @@ class Pipeline:
         run = await agents.workshop(self.cfg.model, job, self.cfg.backend, self.cfg.build_steps,
                                     prompts.BUILDER_SYSTEM)
         ok = run.folder is not None and not run.problems
+        self._keep(run.trajectory, "build", "builder", row["id"])
         self.store.record_run("build", "builder", run.trajectory.ledger, task=row["id"], model=self.cfg.model,
                               ok=ok, error=run.trajectory.error or "; ".join(run.problems) or None)
         if run.folder is None:
@@ -205,6 +212,7 @@ class Pipeline:
         tester = self.cfg.tester or self.cfg.model
         outcome = await test_task(row["folder"], row["slug"], self.cfg.backend, tester, self.cfg.test_steps)
         for role, trajectory in outcome.trajectories.items():
+            self._keep(trajectory, "test", role, row["id"])
             self.store.record_run("test", role, trajectory.ledger or agents.ledgers.Ledger(), task=row["id"],
                                   model=tester if role == "tester" else None, ok=not trajectory.error,
                                   error=trajectory.error, reward=trajectory.reward)
@@ -232,6 +240,7 @@ class Pipeline:
         run = await agents.workshop(self.cfg.model, job, self.cfg.backend, self.cfg.build_steps,
                                     prompts.REFINER_SYSTEM)
         verdict = (run.verdict or "").strip()
+        self._keep(run.trajectory, "refine", "refiner", row["id"])
         self.store.record_run("refine", "refiner", run.trajectory.ledger, task=row["id"], model=self.cfg.model,
                               ok=run.folder is not None, error=run.trajectory.error or verdict or None)
         if verdict.lower().startswith("give-up"):
