@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import difflib
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +19,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from orchard_gym.ledger import Ledger
+
 from . import agents, folders, prompts
 from .pool import load_pool
 from .report import make_report, write_report
 from .store import Store, normalize
 from .testing import rollout_text, test_task
-from .workshop import Job, pack_pool
+from .workshop import Job
 
 STORE_NAME = "synth.sqlite"
 RUNS_NAME = "synth-runs.jsonl"  # every builder, test and refiner episode (orchard view / orchard export read it)
@@ -69,7 +72,7 @@ class Pipeline:
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.store = Store(cfg.out / STORE_NAME)
         self._claim_store()
-        self.pool_blob = pack_pool(self.pool.root)
+        self.pool_blob = folders.pack(self.pool.root)
         self.bar: Any = None
 
     def _claim_store(self) -> None:
@@ -138,7 +141,7 @@ class Pipeline:
                     if not isinstance(result, agents.MalformedOutput):
                         raise result
                     failures.append(str(result))
-                    self.store.record_run("propose", "proposer", agents.ledgers.Ledger(), model=self.cfg.model,
+                    self.store.record_run("propose", "proposer", Ledger(), model=self.cfg.model,
                                           ok=False, error=str(result))
                     continue
                 items, ledger = result
@@ -213,7 +216,7 @@ class Pipeline:
         outcome = await test_task(row["folder"], row["slug"], self.cfg.backend, tester, self.cfg.test_steps)
         for role, trajectory in outcome.trajectories.items():
             self._keep(trajectory, "test", role, row["id"])
-            self.store.record_run("test", role, trajectory.ledger or agents.ledgers.Ledger(), task=row["id"],
+            self.store.record_run("test", role, trajectory.ledger or Ledger(), task=row["id"],
                                   model=tester if role == "tester" else None, ok=not trajectory.error,
                                   error=trajectory.error, reward=trajectory.reward)
         checks = {**outcome.checks, "failures": outcome.failures,
@@ -226,8 +229,6 @@ class Pipeline:
             self._move(row["id"], "failing", checks=checks)
 
     async def refine(self, row: Any) -> None:
-        import json
-
         checks = json.loads(row["checks"] or "{}")
         failures = checks.get("failures") or ["(no failure recorded)"]
         if row["refines"] >= self.cfg.refine_budget:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from orchard_gym.client import AsyncSandboxInstance
@@ -79,7 +78,3 @@ class WorkshopEnv(SandboxEnv):
         verdict = await ctx.sandbox.exec(f"cat {shlex.quote(ctx.state['workdir'] + '/' + VERDICT)} 2>/dev/null",
                                          timeout=30)
         return (0.0 if problems else 1.0), {"problems": problems, "verdict": verdict.stdout.strip()[:2000] or None}
-
-
-def pack_pool(pool: Path) -> bytes:
-    return folders.pack(pool)
