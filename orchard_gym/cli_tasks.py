@@ -98,12 +98,13 @@ def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
 @click.option("--proposals", type=click.IntRange(min=1), default=None, help="candidates to draft [default: 2 N]")
 @click.option("--refine-budget", type=click.IntRange(min=0), default=2, show_default=True,
               help="refine rounds per task before it is dropped")
+@click.option("--require-solved", is_flag=True, help="the tester must solve each task too (else it is refined)")
 @click.option("--backend", type=click.Choice(["local", "docker"]), default="local", show_default=True,
               help="where builders work and tasks are tested (local: bubblewrap)")
 @click.option("--price-cpu-hour", type=float, default=None, help="price of a sandbox CPU-hour, for the report")
 @click.option("--price-1k-tokens", type=float, default=None, help="price of 1,000 model tokens, for the report")
-def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refine_budget, backend, price_cpu_hour,
-              price_1k_tokens) -> None:
+def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refine_budget, require_solved, backend,
+              price_cpu_hour, price_1k_tokens) -> None:
     """Make N tasks with their environments and verifiers: propose, prune, build, test, refine
     (docs/synthesis.md). Interrupted: run it again with the same --out.
 
@@ -123,7 +124,8 @@ def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refin
         raise click.BadParameter(str(e), param_hint="--price-*") from None
     config = {"type": "local", "isolation": "bwrap"} if backend == "local" else {"type": "docker"}
     cfg = SynthConfig(domain=domain, n=n, pool=Path(pool), out=Path(out), model=model, tester=tester,
-                      concurrency=concurrency, proposals=proposals, refine_budget=refine_budget, backend=config,
+                      concurrency=concurrency, proposals=proposals, refine_budget=refine_budget,
+                      require_solved=require_solved, backend=config,
                       price=price)
     try:
         report = asyncio.run(synthesize(cfg))

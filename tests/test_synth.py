@@ -39,8 +39,8 @@ def local(root: Path) -> dict:
     return {"type": "local", "isolation": "bwrap", "root": str(root)}
 
 
-def config(model: SynthModel, out: Path, backend: dict, **kw) -> SynthConfig:
-    return SynthConfig(domain=DOMAIN, n=2, pool=POOL, out=out, model=model.spec("builder-model"),
+def config(model: SynthModel, out: Path, backend: dict, n: int = 2, **kw) -> SynthConfig:
+    return SynthConfig(domain=DOMAIN, n=n, pool=POOL, out=out, model=model.spec("builder-model"),
                        tester=model.spec("tester-model"), concurrency=1, progress=False, backend=backend, **kw)
 
 
@@ -107,6 +107,20 @@ def test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build(
     with SynthModel() as idle:
         again = asyncio.run(synthesize(config(idle, out, local(local_root))))
         assert sum(idle.calls.values()) == 0 and again["stages"] == report["stages"]
+
+
+@needs_bwrap
+def test_a_task_that_never_passes_is_dropped_with_the_reason(tmp_path, local_root):
+    """--require-solved with a tester that never solves anything: refined once, then dropped."""
+    out = tmp_path / "dataset"
+    with SynthModel(solve_as_tester=False) as model:
+        report = asyncio.run(synthesize(config(model, out, local(local_root), require_solved=True,
+                                               refine_budget=1, n=1)))
+    assert report["kept"] == 0 and report["stages"]["dropped"] == 1
+    dropped = next(d for d in report["dropped"] if d["stage"] == "dropped")
+    assert dropped["reason"].startswith("failed its checks after 1 refine round(s): the tester model did not "
+                                        "solve it (score 0.0)"), dropped
+    assert report["yields"]["refine"] == [1, 0] and not load_tasks(str(out))[0]
 
 
 @pytest.mark.docker

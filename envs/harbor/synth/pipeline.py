@@ -45,6 +45,7 @@ class SynthConfig:
     proposals: int | None = None  # candidates to draft before pruning (default 2 N)
     per_proposer: int = 5
     refine_budget: int = 2
+    require_solved: bool = False  # the tester must solve the task too (else it is refined like a failed check)
     build_steps: int = 30
     test_steps: int = 30
     backend: Any = field(default_factory=lambda: {"type": "local", "isolation": "bwrap"})
@@ -213,7 +214,8 @@ class Pipeline:
 
     async def test(self, row: Any) -> None:
         tester = self.cfg.tester or self.cfg.model
-        outcome = await test_task(row["folder"], row["slug"], self.cfg.backend, tester, self.cfg.test_steps)
+        outcome = await test_task(row["folder"], row["slug"], self.cfg.backend, tester, self.cfg.test_steps,
+                                  self.cfg.require_solved)
         for role, trajectory in outcome.trajectories.items():
             self._keep(trajectory, "test", role, row["id"])
             self.store.record_run("test", role, trajectory.ledger or Ledger(), task=row["id"],

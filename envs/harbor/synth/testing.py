@@ -50,7 +50,8 @@ def rollout_text(trajectory: Trajectory | None) -> str:
     return "\n".join(lines)
 
 
-async def test_task(blob: bytes, slug: str, backend: Any, tester: str, max_steps: int) -> TestOutcome:
+async def test_task(blob: bytes, slug: str, backend: Any, tester: str, max_steps: int,
+                    require_solved: bool = False) -> TestOutcome:
     problems = folders.check(blob)
     if problems:
         return TestOutcome([f"orchard tasks check: {p}" for p in problems], {"check": problems})
@@ -72,10 +73,10 @@ async def test_task(blob: bytes, slug: str, backend: Any, tester: str, max_steps
     tester_error = out["tester"].error or ""
     if tester_error.startswith("policy failed"):
         raise ModelFailed(f"the tester model at {tester.split('#')[0]} failed: {tester_error[len('policy failed: '):]}")
-    return judge(out)
+    return judge(out, require_solved)
 
 
-def judge(out: dict[str, Trajectory]) -> TestOutcome:
+def judge(out: dict[str, Trajectory], require_solved: bool = False) -> TestOutcome:
     failures = []
     oracle, nothing, tester = out["oracle"], out["nothing"], out["tester"]
     for role, t in out.items():
@@ -87,6 +88,9 @@ def judge(out: dict[str, Trajectory]) -> TestOutcome:
     if not nothing.error and nothing.reward != 0.0:
         failures.append(f"doing nothing scored {nothing.reward} (must be 0.0): the verifier rewards an untouched "
                         f"environment")
+    if require_solved and not tester.error and tester.reward != 1.0:
+        failures.append(f"the tester model did not solve it (score {tester.reward}): the instruction may be "
+                        f"ambiguous or the environment defective")
     checks = {role: {"reward": t.reward, "error": t.error, "turns": len(t.turns)} for role, t in out.items()}
     checks["tester"]["solved"] = tester.reward == 1.0
     return TestOutcome(failures, checks, out)
