@@ -1,4 +1,4 @@
-"""`orchard tasks ...`: SWE task files (checking a file before training on it)."""
+"""`orchard tasks ...`: checking task files, exporting them as Harbor folders, synthesizing them."""
 
 from __future__ import annotations
 
@@ -82,3 +82,64 @@ def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
     except ValueError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt})")
+
+
+@tasks_group.command("synth")
+@click.option("--domain", required=True, help='what tasks to make, e.g. "everyday file and data tool use"')
+@click.option("--n", "n", type=click.IntRange(min=1), required=True, help="tasks to keep")
+@click.option("--pool", required=True, help="the assets and reference pool: a folder of skills, example tasks, "
+                                            "documents, data")
+@click.option("--out", type=click.Path(), required=True,
+              help="dataset folder (Harbor task folders, the store synth.sqlite, synth-report.json); a folder "
+                   "holding a store continues that run")
+@click.option("--model", required=True, help="URL#MODEL of the proposer, pruner, builder and refiner")
+@click.option("--tester", default=None, help="URL#MODEL of the model that attempts each task (default: --model)")
+@click.option("--concurrency", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--proposals", type=click.IntRange(min=1), default=None, help="candidates to draft [default: 2 N]")
+@click.option("--refine-budget", type=click.IntRange(min=0), default=2, show_default=True,
+              help="refine rounds per task before it is dropped")
+@click.option("--require-solved", is_flag=True, help="the tester must solve each task too (else it is refined)")
+@click.option("--backend", type=click.Choice(["local", "docker"]), default="local", show_default=True,
+              help="where builders work and tasks are tested (local: bubblewrap)")
+@click.option("--price-cpu-hour", type=float, default=None, help="price of a sandbox CPU-hour, for the report")
+@click.option("--price-1k-tokens", type=float, default=None, help="price of 1,000 model tokens, for the report")
+def synth_cmd(domain, n, pool, out, model, tester, concurrency, proposals, refine_budget, require_solved, backend,
+              price_cpu_hour, price_1k_tokens) -> None:
+    """Make N tasks with their environments and verifiers: propose, prune, build, test, refine
+    (docs/synthesis.md). Interrupted: run it again with the same --out.
+
+    Example: orchard tasks synth --domain "csv and log tool use" --n 20 --pool assets/ --out synth/
+    --model http://localhost:8000/v1#Qwen/Qwen3-32B
+    """
+    import asyncio
+    from pathlib import Path
+
+    from orchard_gym.envs.harbor.synth import SynthConfig, format_report, synthesize
+    from orchard_gym.envs.harbor.synth.agents import MalformedOutput, ModelFailed
+    from orchard_gym.ledger import prices
+
+    try:
+        price = prices(price_cpu_hour, price_1k_tokens)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--price-*") from None
+    config = {"type": "local", "isolation": "bwrap"} if backend == "local" else {"type": "docker"}
+    cfg = SynthConfig(domain=domain, n=n, pool=Path(pool), out=Path(out), model=model, tester=tester,
+                      concurrency=concurrency, proposals=proposals, refine_budget=refine_budget,
+                      require_solved=require_solved, backend=config,
+                      price=price)
+    try:
+        report = asyncio.run(synthesize(cfg))
+    except ModelFailed as e:
+        raise click.ClickException(f"{e}\nNothing is lost: run the same command again to continue.") from None
+    except MalformedOutput as e:
+        raise click.ClickException(f"the model's answer is malformed: {e}") from None
+    except KeyboardInterrupt:
+        stop = click.ClickException("interrupted: the store keeps each task's stage; run the same command again "
+                                    "to continue")
+        stop.exit_code = 130
+        raise stop from None
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    click.echo(format_report(report))
+    if report["kept"] < n:
+        raise SystemExit(1)

@@ -55,6 +55,10 @@ SLOW = {
     "tests/test_integrations_openenv.py": "OpenEnv servers and episodes",
     "tests/test_integrations_skyrl.py": "graded episodes",
     "tests/test_cli_mistakes.py": "a CLI process per mistake, Ctrl-C runs",
+    "tests/test_synth.py::test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build":
+        "a whole synthesis run: builder, test and refiner episodes",
+    "tests/test_synth.py::test_a_killed_run_continues_where_it_stopped": "two synthesis CLI runs",
+    "tests/test_synth.py::test_a_task_that_never_passes_is_dropped_with_the_reason": "a synthesis run",
     "tests/test_swe_env.py::test_gold_resolves_and_nothing_else_does": "every task's test suite, twice",
     "tests/test_swe_env.py::test_malformed_actions_become_observations": "a sandbox per case",
     "tests/test_swe_env.py::test_check_env_passes": "the env checker's episodes",
