@@ -41,8 +41,11 @@ def fuzz_orchestrator(tmp_path_factory):
 def fuzz_box(fuzz_orchestrator):
     """A real sandbox that about half of the generated cases are aimed at."""
     with fuzz_orchestrator.http() as http:
-        sid = http.post("/sandboxes", json={"sandbox_id": "fuzz-target"}).json()["sandbox_id"]
-        http.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
+        made = http.post("/sandboxes", json={"sandbox_id": "fuzz-target"})
+        assert made.is_success, (made.status_code, made.text)
+        sid = made.json()["sandbox_id"]
+        ready = http.get(f"/sandboxes/{sid}/wait", params={"timeout": 30})
+        assert ready.is_success and ready.json().get("status") == "running", (ready.status_code, ready.text)
     return sid
 
 
@@ -124,7 +127,8 @@ def test_fuzzing_left_no_crash_behind(fuzz_orchestrator):
         if HAS_BWRAP:
             assert sum(modes.get("intruder", 0) for modes in SENT.values()) > 0, SENT
     with fuzz_orchestrator.http() as http:  # the intruder's deletes did nothing
-        assert http.get("/sandboxes/fuzz-target").json()["status"] == "running"
+        target = http.get("/sandboxes/fuzz-target")
+        assert target.is_success and target.json()["status"] == "running", (target.status_code, target.text)
     errors = [line for line in fuzz_orchestrator.logs().splitlines()
               if line.startswith("{") and json.loads(line).get("level") in ("error", "critical")]
     assert not errors, errors[:3]
