@@ -44,7 +44,8 @@ from pathlib import Path
 
 from orchard_gym._loop import LoopThread
 
-from .agent_rollout import BatchedGenerator, ChatRenderer
+from .agent_rollout import BatchedGenerator
+from .chat_render import ChatRenderer
 from .grpo import (AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config,
                    prepare_run_dir, train_and_summarise)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .agent_rollout import ChatRenderer
+from .chat_render import ChatRenderer
 from .pool import PoolEntry, tokenizer_fingerprint
 
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .agent_rollout import ChatRenderer
+from .chat_render import ChatRenderer
 from .tiny import build_tokenizer, qwen2_5_chat_template
 
 IMAGE_TOKEN = "<image>"
