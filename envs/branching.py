@@ -36,7 +36,7 @@ from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
 from .forking import EnvSnapshot, clone
-from .rollout import SYSTEM_PROMPT, Policy, ScreenshotSink, play
+from .episode import SYSTEM_PROMPT, Policy, ScreenshotSink, play
 
 
 class BranchError(ValueError):
