@@ -403,6 +403,14 @@ class _DropNoneRewardWarning(logging.Filter):
         return "All reward functions returned None" not in record.getMessage()
 
 
+def silence_none_reward_warning() -> None:
+    """Keep TRL from warning about every row whose reward is None (ours on purpose: rows not
+    trained on, counted in the metrics). Once per process, however many trainers are built."""
+    trl_log = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _DropNoneRewardWarning) for f in trl_log.filters):
+        trl_log.addFilter(_DropNoneRewardWarning())
+
+
 # ------------------------------------------------------------------------------ trainer
 def make_grpo_config(output_dir: str | Path, args: AgentGRPOArgs, *, steps: int, learning_rate: float = 1e-6,
                      **overrides):
@@ -482,7 +490,7 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
 
     from .vision import is_vision_processor, vision_trainer_class
 
-    logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
+    silence_none_reward_warning()
     text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision-language processor's tokenizer
     if text_tokenizer.pad_token is None:
         text_tokenizer.pad_token = text_tokenizer.eos_token

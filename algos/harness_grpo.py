@@ -46,8 +46,8 @@ from orchard_gym._loop import LoopThread
 
 from .agent_rollout import BatchedGenerator
 from .chat_render import ChatRenderer
-from .grpo import (AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config,
-                   prepare_run_dir, train_and_summarise)
+from .grpo import (AgentGRPOArgs, MetricsCallback, client_kwargs, env_reward, make_grpo_config,
+                   prepare_run_dir, silence_none_reward_warning, train_and_summarise)
 
 log = logging.getLogger(__name__)
 
@@ -363,7 +363,7 @@ def build_trainer(model, tokenizer, args: HarnessGRPOArgs, config, *, task_ids: 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
 
-    logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
+    silence_none_reward_warning()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)

@@ -95,7 +95,7 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
             continue
         kind = item.get("type", "message")
         if kind == "message" or ("role" in item and kind not in ("function_call", "function_call_output")):
-            messages.append({"role": item.get("role", "user"), "content": _text_of(item.get("content"))})
+            messages.append({"role": item.get("role", "user"), "content": content_text(item.get("content"))})
         elif kind == "function_call":
             call = {"id": item.get("call_id") or item.get("id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
@@ -106,7 +106,7 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": _text_of(item.get("output"))})
+                             "content": content_text(item.get("output"))})
     tools = []
     for tool in body.get("tools") or []:
         if isinstance(tool, dict) and tool.get("type") == "function" and "function" not in tool:
@@ -117,7 +117,8 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
     return messages, tools
 
 
-def _text_of(content: Any) -> Any:
+def content_text(content: Any) -> Any:
+    """A message's content as one string when it is all text parts (else as it is)."""
     if isinstance(content, list):
         texts = [p.get("text", "") for p in content if isinstance(p, dict) and "text" in p]
         if len(texts) == len(content):
@@ -177,7 +178,7 @@ def chat_chunks(completion: dict) -> Iterator[dict]:
     yield chunk({"role": "assistant", "content": ""})
     content = message.get("content")
     if isinstance(content, list):
-        content = _text_of(content)
+        content = content_text(content)
     if content:
         yield chunk({"content": content})
     for i, call in enumerate(message.get("tool_calls") or []):
@@ -285,7 +286,7 @@ def responses_object(message: dict, model: str, usage: dict | None = None, reque
     if message.get("reasoning_content"):
         output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                        "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
-    content = _text_of(message.get("content"))
+    content = content_text(message.get("content"))
     if content:
         output.append({"type": "message", "id": new_id("msg"), "role": "assistant", "status": "completed",
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
@@ -343,7 +344,7 @@ def message_of_response(response: dict) -> dict:
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            texts.append(_text_of(item.get("content")) or "")
+            texts.append(content_text(item.get("content")) or "")
         elif item.get("type") == "function_call":
             calls.append({"id": item.get("call_id") or item.get("id"), "type": "function",
                           "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}})
