@@ -22,6 +22,8 @@ sandboxes keep working on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -216,7 +218,7 @@ class AgentSample:
         return sum(self.env_mask)
 
 
-class _EpisodePolicy:
+class EpisodePolicy:
     """The policy of one episode: keeps that episode's token sequence."""
 
     def __init__(self, runner: EpisodeRunner, tool_names: list[str]):
@@ -230,6 +232,13 @@ class _EpisodePolicy:
         self.context_exhausted = False
         self.images: list = []
         self.image_starts: list[int] = []  # completion offset of each image's observation (-1: in the prompt)
+
+    def fork(self) -> EpisodePolicy:
+        """A twin that goes on from the same tokens (a continuation forked at this point)."""
+        twin = copy.copy(self)
+        for name in ("completion_ids", "env_mask", "logprobs", "images", "image_starts"):
+            setattr(twin, name, list(getattr(self, name)))
+        return twin
 
     def _extend(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.completion_ids += ids
@@ -321,19 +330,26 @@ class EpisodeRunner:
             await self._client.aclose()
             self._client = None
 
-    async def run(self, task_id: str, max_steps: int, max_seconds: float | None = None) -> AgentSample:
-        client = await self.client()
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """One of the `concurrency` episodes that may run at once, counted as generating (call
+        `client()` first: it makes the bound on the running loop)."""
         async with self._gate:
             self.generator.active += 1
             try:
-                return await self._run(client, task_id, max_steps, max_seconds)
+                yield
             finally:
                 self.generator.active -= 1
+
+    async def run(self, task_id: str, max_steps: int, max_seconds: float | None = None) -> AgentSample:
+        client = await self.client()
+        async with self.slot():
+            return await self._run(client, task_id, max_steps, max_seconds)
 
     async def _run(self, client, task_id: str, max_steps: int, max_seconds: float | None) -> AgentSample:
         started = time.monotonic()
         env = self.make_env(client, max_steps, max_seconds)
-        policy = _EpisodePolicy(self, list(env.tools))
+        policy = EpisodePolicy(self, list(env.tools))
         kwargs = {} if self.system_prompt is None else {"system_prompt": self.system_prompt}
         try:
             if max_seconds is not None:
@@ -352,7 +368,7 @@ class EpisodeRunner:
                 pass
         return self.sample(task_id, trajectory, policy, started, max_steps, max_seconds)
 
-    def sample(self, task_id: str, trajectory: Trajectory, policy: _EpisodePolicy, started: float, max_steps: int,
+    def sample(self, task_id: str, trajectory: Trajectory, policy: EpisodePolicy, started: float, max_steps: int,
                max_seconds: float | None) -> AgentSample:
         """The training sample of a finished episode: its tokens, masks, and why it is excluded (if it is)."""
         excluded = None

@@ -61,6 +61,11 @@ def observation_messages(assistant: dict, observation: Any) -> list[dict]:
             {"role": "user", "content": [p for p in parts if p["type"] != "text"]}]
 
 
+def first_messages(observation: Any, system_prompt: str = SYSTEM_PROMPT) -> list[dict]:
+    """The conversation an episode starts from: the system prompt and the task (the first observation)."""
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(observation)}]
+
+
 def _keep(screenshots: ScreenshotSink, trajectory: Trajectory, index: int, obs: dict) -> str | None:
     """A screenshot kept for the record; one that cannot be kept is noted, the episode goes on."""
     try:
@@ -84,7 +89,7 @@ async def run_episode(env: SandboxEnv, policy: Policy, task_id: str | None = Non
     if screenshots is not None and is_image_observation(obs):
         env.trajectory.metadata["screenshot"] = _keep(screenshots, env.trajectory, -1, obs)
     try:
-        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
+        messages = first_messages(obs, system_prompt)
     except InvalidRequest as e:
         env.trajectory.error, env.trajectory.ended_at = f"observation failed: {e}", time.time()
         return env.trajectory
