@@ -31,18 +31,17 @@ are not our groups of runs) is replaced by the one above (`HarnessGRPOTrainer`, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
 import random
-import re
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchard_gym._loop import LoopThread
+from orchard_gym.chat import tool_call
+from orchard_gym.envs.actions import tagged_tool_calls
 
 from .agent_rollout import BatchedGenerator
 from .chat_render import ChatRenderer
@@ -50,8 +49,6 @@ from .grpo import (AgentGRPOArgs, MetricsCallback, client_kwargs, env_reward, ma
                    prepare_run_dir, silence_none_reward_warning, train_and_summarise)
 
 log = logging.getLogger(__name__)
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 @dataclass
@@ -83,22 +80,11 @@ class HarnessGRPOArgs(AgentGRPOArgs):
 def parse_completion(text: str) -> dict:
     """The model's text -> the assistant message handed to the harness: `<tool_call>{json}</tool_call>`
     blocks (the chat template's tool-call format) become tool calls, the rest is content."""
-    calls = []
-    for raw in _TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
-            args = obj.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": obj["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    content = _TOOL_CALL.sub("", text).strip() if calls else text
-    message: dict = {"role": "assistant", "content": content or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    calls, rest = tagged_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": rest or None,
+            "tool_calls": [tool_call({"name": c.name, "arguments": c.arguments}) for c in calls]}
 
 
 @dataclass

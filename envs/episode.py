@@ -8,13 +8,11 @@ GRPO drivers fork it); `envs/rollout.py` runs many episodes concurrently.
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from orchard_gym import ledger
+from orchard_gym import chat, ledger
 from orchard_gym.errors import InvalidRequest
 from orchard_gym.images import is_image_observation, observation_parts, observation_text
 from orchard_gym.trajectory import Trajectory
@@ -30,15 +28,14 @@ SYSTEM_PROMPT = ("You are an autonomous agent working in a sandbox. Act with the
 
 
 def assistant_message(action: Any) -> dict:
-    """The chat message that stands for an action."""
-    if isinstance(action, dict):
-        fn = action.get("function", action)
-        args = fn.get("arguments", {})
-        return {"role": "assistant", "content": None, "tool_calls": [{
-            "id": action.get("id") or f"call_{uuid.uuid4().hex[:12]}", "type": "function",
-            "function": {"name": fn.get("name"), "arguments": args if isinstance(args, str) else json.dumps(args)},
-        }]}
-    return {"role": "assistant", "content": action if isinstance(action, str) else repr(action)}
+    """The chat message that stands for an action (orchard_gym.chat); an action that is no chat
+    message at all (the env answers it with what was wrong) stands as its text."""
+    if isinstance(action, list):  # not one action (the env refuses it): never several calls to answer
+        return {"role": "assistant", "content": repr(action)}
+    try:
+        return chat.assistant_message(action)
+    except chat.FormatError:
+        return {"role": "assistant", "content": repr(action)}
 
 
 def observation_message(assistant: dict, observation: str) -> dict:
