@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from orchard_gym.envs.swe.oracle import apply_patch_command
+
 from .harness import Harness, get_harness
 
 # a policy: (harness, the task env's current task, the pending request's info) -> (action, tokens or None)
@@ -45,7 +47,7 @@ class OraclePolicy:
         if not isinstance(patch, str) or not patch.strip():
             raise ValueError(f"the oracle policy needs tasks with a gold patch; {type(task).__name__} has none")
         if info.get("step", 0) == 0:
-            return harness.shell(f"git apply <<'ORCHARD_EOF'\n{patch}\nORCHARD_EOF"), None
+            return harness.shell(apply_patch_command(patch)), None
         return harness.finish, None
 
 

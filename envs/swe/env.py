@@ -61,6 +61,7 @@ from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
 from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, scratch_path, submitted_patch
 from .image_eval import eval_script, run_eval_script
+from .oracle import SWEOraclePolicy
 from .protected import ProtectedPaths, base_names
 from .tamper_scan import exempt, scan
 from .tasks import SWETask, load_tasks
@@ -193,6 +194,10 @@ class SWEEnv(SandboxEnv):
             raise OrchardError(f"setting up {task.instance_id} in {task.image} failed ({r.exit_code}): "
                                f"{(r.stdout + r.stderr)[-2000:]}")
         return ToolContext(sandbox=sandbox, cwd=repo, env=env, timeout=self.exec_timeout)
+
+    def oracle_policy(self) -> SWEOraclePolicy:
+        """The gold patch, then submit (`orchard eval --policy oracle`)."""
+        return SWEOraclePolicy()
 
     def first_observation(self, task: SWETask) -> str:
         # no sandbox-specific path here: the same seed must give the same first observation
