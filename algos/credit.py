@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .pool import PoolEntry
+from .trajectory_pool import PoolEntry
 from .pool_tokens import spans_of
 
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "credit_judge.md"

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 
 from .chat_render import ChatRenderer
-from .pool import PoolEntry, tokenizer_fingerprint
+from .trajectory_pool import PoolEntry, tokenizer_fingerprint
 
 
 @dataclass

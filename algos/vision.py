@@ -1,7 +1,7 @@
 """Vision-language policies for agent GRPO: image observations in the token stream.
 
 An env whose observations carry a screenshot (`{"screenshot": array, "text": str}`, the
-GUI env's shape) reaches the policy as OpenAI content parts (`orchard_gym.images`). For
+GUI env's shape) reaches the policy as OpenAI content parts (`orchard_gym.screenshots`). For
 a local vision-language model (a `transformers` processor with an image processor, e.g.
 LLaVA) each image part becomes the processor's image tokens in the episode's token
 sequence, and the pixels travel next to it:

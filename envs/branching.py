@@ -31,7 +31,7 @@ from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
 from orchard_gym.client import AsyncSandboxClient
-from orchard_gym.images import observation_text
+from orchard_gym.screenshots import observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv

@@ -14,14 +14,14 @@ from typing import Any
 
 from orchard_gym import chat, ledger
 from orchard_gym.errors import InvalidRequest
-from orchard_gym.images import is_image_observation, observation_parts, observation_text
+from orchard_gym.screenshots import is_image_observation, observation_parts, observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
 
 Policy = Callable[[list[dict], list[dict]], Awaitable[Any]]
 # (trajectory, turn index or -1 for the first observation, image array) -> what to keep in the trajectory
-# (a path relative to the trajectories file, or a data URL); see orchard_gym.images.ScreenshotFiles
+# (a path relative to the trajectories file, or a data URL); see orchard_gym.screenshots.ScreenshotFiles
 ScreenshotSink = Callable[[Trajectory, int, Any], str]
 SYSTEM_PROMPT = ("You are an autonomous agent working in a sandbox. Act with the tools you are given, one call "
                  "per turn, and call submit when you are done.")

@@ -270,7 +270,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    from .images import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
+    from .screenshots import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
 
     screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
