@@ -154,13 +154,15 @@ def env_factory(args: AgentGRPOArgs) -> tuple[Callable, list[str]]:
 
     import orchard_gym  # noqa: F401 - registers the env ids
 
+    from orchard_gym.registration import env_class, env_tasks
+
     spec = gym.spec(args.env_id)
-    probe = spec.make(**args.env_kwargs, backend={"type": "local"}).unwrapped
-    task_ids = probe.task_ids()
-    shared = dict(args.env_kwargs)
-    if hasattr(probe, "_tasks"):  # load the task set once, not per episode
-        shared["tasks"] = probe._tasks
-    probe.close()
+    try:  # the task set read once, not per episode, and without a sandbox or a backend
+        tasks = env_class(args.env_id).tasks_from(**args.env_kwargs)
+        shared = {**args.env_kwargs, "tasks": tasks}
+    except (AttributeError, NotImplementedError):  # an env that cannot read its tasks without being made
+        tasks, shared = env_tasks(args.env_id, **args.env_kwargs), dict(args.env_kwargs)
+    task_ids = sorted(tasks)
 
     def make_env(client, max_steps: int, max_seconds: float | None):
         return spec.make(**shared, client=client, max_steps=max_steps, max_seconds=max_seconds).unwrapped

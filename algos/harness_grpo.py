@@ -115,9 +115,9 @@ class HarnessRolloutFunc:
         self.tokenizer = tokenizer
         self.spec = gym.spec(args.env_id)
         if task_ids is None:
-            probe = self.spec.make(**args.env_kwargs, backend={"type": "local"}).unwrapped
-            task_ids = args.task_ids or probe.task_ids()
-            probe.close()
+            from orchard_gym.registration import list_task_ids
+
+            task_ids = args.task_ids or list_task_ids(args.env_id, **args.env_kwargs)  # no sandbox, no backend
         if not task_ids:
             raise ValueError("no training tasks")
         self.task_pool = list(task_ids)

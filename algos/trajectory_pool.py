@@ -132,9 +132,9 @@ class TaskInfo:
 
         import orchard_gym  # noqa: F401 - registers the env ids
 
-        if env is None:  # a probe: it only answers questions, it never starts a sandbox
+        if env is None:  # a probe: it only answers questions, it never starts a sandbox (so needs no backend)
             try:
-                env = gym.spec(env_id).make(**(env_kwargs or {}), backend={"type": "local"}).unwrapped
+                env = gym.spec(env_id).make(**(env_kwargs or {})).unwrapped
             except gym.error.Error as e:
                 raise PoolError(f"env {env_id!r}: {e}") from None
         self.env = env

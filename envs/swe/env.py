@@ -112,8 +112,7 @@ class SWEEnv(SandboxEnv):
         for name, value in (("split", split), ("image_prefix", image_prefix), ("dataset", dataset)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise gym.error.Error(f"{name} must be a non-empty string or None, not {value!r}")
-        self._tasks = tasks if isinstance(tasks, dict) else \
-            load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
+        self._tasks = self.tasks_from(tasks=tasks, split=split, image_prefix=image_prefix, dataset=dataset)
         self.runtime = runtime
         self.test_timeout = test_timeout
         self.grade_in_place, self.reference_check = grade_in_place, reference_check
@@ -123,6 +122,11 @@ class SWEEnv(SandboxEnv):
     # ------------------------------------------------------------------ hooks
     def make_tools(self) -> list[Tool]:
         return [BashTool(), EditorTool(), SubmitTool()]
+
+    @classmethod
+    def tasks_from(cls, *, tasks: str | Path | dict[str, SWETask] = "builtin", split: str | None = None,
+                   image_prefix: str | None = None, dataset: str | None = None, **_: Any) -> dict[str, SWETask]:
+        return tasks if isinstance(tasks, dict) else load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
