@@ -191,9 +191,8 @@ def gui_corpus(system_prompt: str | None = None) -> list[str]:
     """Texts to train a tiny VLM's tokenizer for Orchard/GUI-v0 episodes: the shape of its
     observation texts (task, URL, tab, title, action results and errors) and its tool calls,
     so those come out as a few tokens each instead of one per byte."""
-    import json
 
-    from orchard_gym.envs.actions import ActionError, parse_action
+    from orchard_gym.envs.actions import ActionError, parse_action, tool_call_text
     from orchard_gym.envs.gui.tools import SPECS
 
     try:
@@ -207,7 +206,6 @@ def gui_corpus(system_prompt: str | None = None) -> list[str]:
              head + "The task has started. Act with the computer_use tools; end with terminate or answer.",
              head + unparsed, head.replace("Button", "Test").replace("click-button", "click-test"),
              "left_click at 12,34 (pixels).", "Typed 5 characters."] + [head + unparsed] * 5
-    arguments = json.dumps({"coordinate": [0.5, 0.5]})
     for name, description, _ in SPECS:
-        texts += [description, f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>']
+        texts += [description, tool_call_text(name, {"coordinate": [0.5, 0.5]})]
     return texts * 3

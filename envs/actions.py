@@ -43,6 +43,12 @@ def parse_action(action: Any, tools: list[str], shell_tool: str = "bash") -> Too
     return call
 
 
+def tool_call_text(name: str, arguments: dict | str) -> str:
+    """A tool call as Hermes/Qwen chat templates write it (what `TOOL_CALL_RE` reads back)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
 def tagged_tool_calls(text: str) -> tuple[list[ToolCall], str]:
     """Every well-formed `<tool_call>{"name": ..., "arguments": ...}</tool_call>` block of `text` as a
     call (malformed ones are passed over), and the text without the blocks: a chat model's turn that
