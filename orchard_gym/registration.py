@@ -74,7 +74,7 @@ def env_tasks(env_id: str, **env_kwargs: Any) -> dict[str, Any]:
     try:
         return env_class(env_id).tasks_from(**env_kwargs)
     except (AttributeError, NotImplementedError):
-        env = gym.spec(env_id).make(**env_kwargs).unwrapped
+        env: Any = gym.spec(env_id).make(**env_kwargs).unwrapped
         try:
             return {task_id: env.get_task(task_id) for task_id in env.task_ids()}
         finally:
