@@ -22,6 +22,8 @@ sandboxes keep working on the event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +36,8 @@ from orchard_gym.envs.base import SandboxEnv
 from orchard_gym.envs.rollout import SYSTEM_PROMPT, run_episode
 from orchard_gym.ledger import record_tokens
 from orchard_gym.trajectory import Trajectory
+
+from .chat_render import ChatRenderer as ChatRenderer  # re-exported: its old home
 
 
 @dataclass
@@ -56,92 +60,6 @@ class SamplingParams:
 
 class ContextExhausted(RuntimeError):
     """The episode's token budget is spent and the env has no submit tool to end it."""
-
-
-class ChatRenderer:
-    """Chat-template rendering of prompts and of observation turns, as token ids."""
-
-    def __init__(self, tokenizer, *, render_tools: bool = True, chat_template_kwargs: dict | None = None):
-        if tokenizer.chat_template is None:
-            raise ValueError("the tokenizer has no chat template")
-        if tokenizer.eos_token is None:
-            raise ValueError("the tokenizer has no eos token (the end-of-turn token)")
-        self.tokenizer = tokenizer
-        self.render_tools = render_tools
-        self.kwargs = dict(chat_template_kwargs or {})
-        self.eos_id: int = tokenizer.eos_token_id
-        self._suffix_cache: dict[tuple, tuple[str, str]] = {}
-
-    def _render(self, messages: list[dict], **kw) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, **self.kwargs, **kw)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def prompt_ids(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
-        text = self._render(messages, tools=tools if self.render_tools else None, add_generation_prompt=True)
-        return self.encode(text)
-
-    def prompt(self, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], list]:
-        """Prompt token ids and the images in the prompt (a text renderer has none)."""
-        return self.prompt_ids(messages, tools), []
-
-    def observation(self, assistant: dict, observations: list[dict]) -> tuple[list[int], list]:
-        """Tokens of the env's answer (one message, or a tool result and then a screenshot) and its images."""
-        if len(observations) == 1 and not isinstance(observations[0].get("content"), list):
-            return self.observation_ids(assistant, observations[0]), []
-        if any(isinstance(m.get("content"), list) for m in observations):
-            raise ValueError("image observations need a vision-language processor, not a tokenizer")
-        return self.encode(self.observation_suffix(assistant, observations)), []
-
-    def observation_suffix(self, assistant: dict, observations: list[dict]) -> str:
-        """The template's text after the assistant's eos token: the observation messages and the
-        next generation prompt (rendered as they are, no cache)."""
-        dummy = [{"role": "user", "content": "x"}, _dummy_assistant(assistant)]
-        before = self._render(dummy)
-        after = self._render(dummy + observations, add_generation_prompt=True)
-        if not after.startswith(before):
-            raise ValueError("the chat template is not prefix-preserving: rendering an observation changes "
-                             "the text before it, so turns cannot be appended token by token")
-        cut = before.rfind(self.tokenizer.eos_token)
-        return before[cut + len(self.tokenizer.eos_token):] + after[len(before):]
-
-    def observation_ids(self, assistant: dict, observation: dict) -> list[int]:
-        """Tokens that follow the assistant's end-of-turn token: the observation turn and the
-        next generation prompt."""
-        return self.encode(self.observation_text(assistant, observation))
-
-    def observation_text(self, assistant: dict, observation: dict) -> str:
-        # the template's text around the observation depends only on roles (and tool-call presence),
-        # so it is found once per shape with a sentinel and reused
-        shape = (observation["role"], bool(assistant.get("tool_calls")), observation.get("name"))
-        if shape not in self._suffix_cache:
-            sentinel = "\x00ORCHARD_OBSERVATION\x00"
-            dummy = [{"role": "user", "content": "x"}, _dummy_assistant(assistant)]
-            before = self._render(dummy)
-            after = self._render(dummy + [{**observation, "content": sentinel}], add_generation_prompt=True)
-            if not after.startswith(before):
-                raise ValueError("the chat template is not prefix-preserving: rendering an observation changes "
-                                 "the text before it, so turns cannot be appended token by token")
-            cut = before.rfind(self.tokenizer.eos_token)
-            if cut < 0:
-                raise ValueError(f"the chat template does not end assistant turns with the eos token "
-                                 f"{self.tokenizer.eos_token!r}")
-            suffix = before[cut + len(self.tokenizer.eos_token):] + after[len(before):]
-            if suffix.count(sentinel) != 1:
-                raise ValueError("the chat template drops or repeats observation content")
-            self._suffix_cache[shape] = tuple(suffix.split(sentinel))
-        head, tail = self._suffix_cache[shape]
-        return head + str(observation.get("content") or "") + tail
-
-
-def _dummy_assistant(assistant: dict) -> dict:
-    if assistant.get("tool_calls"):
-        call = assistant["tool_calls"][0]
-        return {"role": "assistant", "content": "", "tool_calls": [
-            {"id": call.get("id", "call_0"), "type": "function",
-             "function": {"name": call["function"]["name"], "arguments": {}}}]}
-    return {"role": "assistant", "content": "x"}
 
 
 class BatchedGenerator:
@@ -300,7 +218,7 @@ class AgentSample:
         return sum(self.env_mask)
 
 
-class _EpisodePolicy:
+class EpisodePolicy:
     """The policy of one episode: keeps that episode's token sequence."""
 
     def __init__(self, runner: EpisodeRunner, tool_names: list[str]):
@@ -314,6 +232,13 @@ class _EpisodePolicy:
         self.context_exhausted = False
         self.images: list = []
         self.image_starts: list[int] = []  # completion offset of each image's observation (-1: in the prompt)
+
+    def fork(self) -> EpisodePolicy:
+        """A twin that goes on from the same tokens (a continuation forked at this point)."""
+        twin = copy.copy(self)
+        for name in ("completion_ids", "env_mask", "logprobs", "images", "image_starts"):
+            setattr(twin, name, list(getattr(self, name)))
+        return twin
 
     def _extend(self, ids: list[int], mask: int, logprobs: list[float] | None = None) -> None:
         self.completion_ids += ids
@@ -405,19 +330,26 @@ class EpisodeRunner:
             await self._client.aclose()
             self._client = None
 
-    async def run(self, task_id: str, max_steps: int, max_seconds: float | None = None) -> AgentSample:
-        client = await self.client()
+    @contextlib.asynccontextmanager
+    async def slot(self):
+        """One of the `concurrency` episodes that may run at once, counted as generating (call
+        `client()` first: it makes the bound on the running loop)."""
         async with self._gate:
             self.generator.active += 1
             try:
-                return await self._run(client, task_id, max_steps, max_seconds)
+                yield
             finally:
                 self.generator.active -= 1
+
+    async def run(self, task_id: str, max_steps: int, max_seconds: float | None = None) -> AgentSample:
+        client = await self.client()
+        async with self.slot():
+            return await self._run(client, task_id, max_steps, max_seconds)
 
     async def _run(self, client, task_id: str, max_steps: int, max_seconds: float | None) -> AgentSample:
         started = time.monotonic()
         env = self.make_env(client, max_steps, max_seconds)
-        policy = _EpisodePolicy(self, list(env.tools))
+        policy = EpisodePolicy(self, list(env.tools))
         kwargs = {} if self.system_prompt is None else {"system_prompt": self.system_prompt}
         try:
             if max_seconds is not None:
@@ -436,7 +368,7 @@ class EpisodeRunner:
                 pass
         return self.sample(task_id, trajectory, policy, started, max_steps, max_seconds)
 
-    def sample(self, task_id: str, trajectory: Trajectory, policy: _EpisodePolicy, started: float, max_steps: int,
+    def sample(self, task_id: str, trajectory: Trajectory, policy: EpisodePolicy, started: float, max_steps: int,
                max_seconds: float | None) -> AgentSample:
         """The training sample of a finished episode: its tokens, masks, and why it is excluded (if it is)."""
         excluded = None

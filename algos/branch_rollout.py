@@ -13,70 +13,44 @@ samples (never trained on), so the group is dropped or replaced like any uninfor
 from __future__ import annotations
 
 import asyncio
-import copy
 import time
 
-from orchard_gym.envs.forking import clone
-from orchard_gym.envs.rollout import SYSTEM_PROMPT, play
-from orchard_gym.images import observation_parts
+from orchard_gym.envs.branching import run_branch, snapshot_at
+from orchard_gym.envs.episode import SYSTEM_PROMPT, first_messages
 
-from .agent_rollout import AgentSample, EpisodeRunner, _EpisodePolicy
-
-
-def _copy_policy(policy: _EpisodePolicy) -> _EpisodePolicy:
-    twin = copy.copy(policy)
-    for name in ("completion_ids", "env_mask", "logprobs", "images", "image_starts"):
-        setattr(twin, name, list(getattr(policy, name)))
-    return twin
+from .agent_rollout import AgentSample, EpisodePolicy, EpisodeRunner
 
 
 async def run_branched(runner: EpisodeRunner, task_id: str, n: int, at: int, max_steps: int,
                        max_seconds: float | None = None) -> list[AgentSample]:
-    """`n` samples of `task_id` sharing the root's first `at` turns (see the module docstring)."""
+    """`n` samples of `task_id` sharing the root's first `at` turns (see the module docstring).
+    The branch point and the continuations are envs/branching.py's (`snapshot_at`, `run_branch`)."""
     if at >= max_steps:
         raise ValueError(f"branch_at={at} is beyond the episode length (max_steps={max_steps})")
     client = await runner.client()
     started = time.monotonic()
     root_env = runner.make_env(client, max_steps, max_seconds)
-    root = _EpisodePolicy(runner, list(root_env.tools))
+    root = EpisodePolicy(runner, list(root_env.tools))
     limit = None if max_seconds is None else max_seconds + runner.grace
     try:
-        async with runner._gate:
-            runner.generator.active += 1
-            try:
-                obs, info = await root_env.areset(options={"task_id": task_id})
-                messages = [{"role": "system", "content": runner.system_prompt or SYSTEM_PROMPT},
-                            {"role": "user", "content": observation_parts(obs)}]
-                tools = info["tools"]
-                await asyncio.wait_for(play(root_env, root, messages, tools, stop_at=at), limit)
+        async with runner.slot():
+            obs, info = await root_env.areset(options={"task_id": task_id})
+            messages = first_messages(obs, runner.system_prompt or SYSTEM_PROMPT)
+            tools = info["tools"]
+            snap = await asyncio.wait_for(snapshot_at(root_env, root, messages, tools, at), limit)
+            if snap is None:
                 trajectory = root_env.trajectory
-                if root_env._done or len(trajectory.turns) < at or trajectory.error:
-                    trajectory.error = trajectory.error or f"the root episode ended before the branch point (turn {at})"
-                    return [runner.sample(task_id, trajectory.model_copy(deep=True), root, started, max_steps,
-                                          max_seconds) for _ in range(n)]
-                snap = await root_env.asnapshot()
-                await root_env._release_sandbox()  # the snapshot outlives the root's sandbox
-            finally:
-                runner.generator.active -= 1
+                trajectory.error = trajectory.error or f"the root episode ended before the branch point (turn {at})"
+                return [runner.sample(task_id, trajectory.model_copy(deep=True), root, started, max_steps,
+                                      max_seconds) for _ in range(n)]
+            await root_env._release_sandbox()  # the snapshot outlives the root's sandbox
         prefix = len(root.completion_ids)
 
         async def branch(i: int) -> AgentSample:
-            async with runner._gate:
-                runner.generator.active += 1
-                env, policy = clone(root_env), _copy_policy(root)
-                try:
-                    await env.areset(options={"snapshot": snap})
-                    env.trajectory.metadata["branch"] = {"at": at, "index": i}
-                    trajectory = await asyncio.wait_for(play(env, policy, list(messages), tools), limit)
-                except TimeoutError:
-                    trajectory = env.trajectory
-                    trajectory.error = f"aborted: the wall-clock budget of {max_seconds:.0f}s ran out"
-                except Exception as e:  # one failed fork is one excluded sample
-                    trajectory = env.trajectory or root_env.trajectory.model_copy(deep=True)
-                    trajectory.error = f"fork failed: {type(e).__name__}: {e}"
-                finally:
-                    runner.generator.active -= 1
-                    await env.aclose()
+            policy = root.fork()
+            async with runner.slot():
+                trajectory = await run_branch(root_env, snap, policy, messages, tools, {"at": at, "index": i},
+                                              timeout=limit)
             sample = runner.sample(task_id, trajectory, policy, started, max_steps, max_seconds)
             sample.env_mask[:prefix] = [0] * min(prefix, len(sample.env_mask))  # the shared turns: no loss
             return sample

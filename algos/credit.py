@@ -31,7 +31,7 @@ from orchard_gym.endpoint import Endpoint
 from orchard_gym.errors import EndpointError, JudgeError  # JudgeError's old home was here: still importable
 
 from .local_chat import LocalChat
-from .pool import PoolEntry
+from .trajectory_pool import PoolEntry
 from .pool_tokens import spans_of
 
 DEFAULT_PROMPT = Path(__file__).parent / "prompts" / "credit_judge.md"

@@ -154,13 +154,15 @@ def env_factory(args: AgentGRPOArgs) -> tuple[Callable, list[str]]:
 
     import orchard_gym  # noqa: F401 - registers the env ids
 
+    from orchard_gym.registration import env_class, env_tasks
+
     spec = gym.spec(args.env_id)
-    probe = spec.make(**args.env_kwargs, backend={"type": "local"}).unwrapped
-    task_ids = probe.task_ids()
-    shared = dict(args.env_kwargs)
-    if hasattr(probe, "_tasks"):  # load the task set once, not per episode
-        shared["tasks"] = probe._tasks
-    probe.close()
+    try:  # the task set read once, not per episode, and without a sandbox or a backend
+        tasks = env_class(args.env_id).tasks_from(**args.env_kwargs)
+        shared = {**args.env_kwargs, "tasks": tasks}
+    except (AttributeError, NotImplementedError):  # an env that cannot read its tasks without being made
+        tasks, shared = env_tasks(args.env_id, **args.env_kwargs), dict(args.env_kwargs)
+    task_ids = sorted(tasks)
 
     def make_env(client, max_steps: int, max_seconds: float | None):
         return spec.make(**shared, client=client, max_steps=max_steps, max_seconds=max_seconds).unwrapped
@@ -403,6 +405,14 @@ class _DropNoneRewardWarning(logging.Filter):
         return "All reward functions returned None" not in record.getMessage()
 
 
+def silence_none_reward_warning() -> None:
+    """Keep TRL from warning about every row whose reward is None (ours on purpose: rows not
+    trained on, counted in the metrics). Once per process, however many trainers are built."""
+    trl_log = logging.getLogger("trl.trainer.grpo_trainer")
+    if not any(isinstance(f, _DropNoneRewardWarning) for f in trl_log.filters):
+        trl_log.addFilter(_DropNoneRewardWarning())
+
+
 # ------------------------------------------------------------------------------ trainer
 def make_grpo_config(output_dir: str | Path, args: AgentGRPOArgs, *, steps: int, learning_rate: float = 1e-6,
                      **overrides):
@@ -482,7 +492,7 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
 
     from .vision import is_vision_processor, vision_trainer_class
 
-    logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
+    silence_none_reward_warning()
     text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision-language processor's tokenizer
     if text_tokenizer.pad_token is None:
         text_tokenizer.pad_token = text_tokenizer.eos_token

@@ -31,26 +31,24 @@ are not our groups of runs) is replaced by the one above (`HarnessGRPOTrainer`, 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
 import random
-import re
 import time
-import uuid
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchard_gym._loop import LoopThread
+from orchard_gym.chat import tool_call
+from orchard_gym.envs.actions import tagged_tool_calls
 
-from .agent_rollout import BatchedGenerator, ChatRenderer
-from .grpo import (AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config,
-                   prepare_run_dir, train_and_summarise)
+from .agent_rollout import BatchedGenerator
+from .chat_render import ChatRenderer
+from .grpo import (AgentGRPOArgs, MetricsCallback, client_kwargs, env_reward, make_grpo_config,
+                   prepare_run_dir, silence_none_reward_warning, train_and_summarise)
 
 log = logging.getLogger(__name__)
-
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 @dataclass
@@ -82,22 +80,11 @@ class HarnessGRPOArgs(AgentGRPOArgs):
 def parse_completion(text: str) -> dict:
     """The model's text -> the assistant message handed to the harness: `<tool_call>{json}</tool_call>`
     blocks (the chat template's tool-call format) become tool calls, the rest is content."""
-    calls = []
-    for raw in _TOOL_CALL.findall(text):
-        try:
-            obj = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str) and obj["name"]:
-            args = obj.get("arguments", {})
-            calls.append({"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                          "function": {"name": obj["name"],
-                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
-    content = _TOOL_CALL.sub("", text).strip() if calls else text
-    message: dict = {"role": "assistant", "content": content or (None if calls else "")}
-    if calls:
-        message["tool_calls"] = calls
-    return message
+    calls, rest = tagged_tool_calls(text)
+    if not calls:
+        return {"role": "assistant", "content": text}
+    return {"role": "assistant", "content": rest or None,
+            "tool_calls": [tool_call({"name": c.name, "arguments": c.arguments}) for c in calls]}
 
 
 @dataclass
@@ -128,9 +115,9 @@ class HarnessRolloutFunc:
         self.tokenizer = tokenizer
         self.spec = gym.spec(args.env_id)
         if task_ids is None:
-            probe = self.spec.make(**args.env_kwargs, backend={"type": "local"}).unwrapped
-            task_ids = args.task_ids or probe.task_ids()
-            probe.close()
+            from orchard_gym.registration import list_task_ids
+
+            task_ids = args.task_ids or list_task_ids(args.env_id, **args.env_kwargs)  # no sandbox, no backend
         if not task_ids:
             raise ValueError("no training tasks")
         self.task_pool = list(task_ids)
@@ -362,7 +349,7 @@ def build_trainer(model, tokenizer, args: HarnessGRPOArgs, config, *, task_ids: 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
 
-    logging.getLogger("trl.trainer.grpo_trainer").addFilter(_DropNoneRewardWarning())
+    silence_none_reward_warning()
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from .agent_rollout import ChatRenderer
-from .pool import PoolEntry, tokenizer_fingerprint
+from .chat_render import ChatRenderer
+from .trajectory_pool import PoolEntry, tokenizer_fingerprint
 
 
 @dataclass

@@ -20,7 +20,7 @@ import random
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 
-from .pool import PoolEntry
+from .trajectory_pool import PoolEntry
 
 AGGREGATIONS: dict[str, Callable[[list[float]], float]] = {
     "final": lambda v: v[-2] if len(v) >= 2 else v[-1],

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .pool import PoolEntry
+from .trajectory_pool import PoolEntry
 from .pool_tokens import EntryTokenizer
 
 MODES = ("full", "rise", "per-turn", "calls")

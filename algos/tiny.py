@@ -78,6 +78,7 @@ def toy_corpus(tasks, system_prompt: str | None = None, tools: list[dict] | None
     the tool schemas and typical observations."""
     import json
 
+    from orchard_gym.envs.actions import tool_call_text
     from orchard_gym.envs.toy.env import oracle_messages
 
     tokenizer_free = []
@@ -88,8 +89,7 @@ def toy_corpus(tasks, system_prompt: str | None = None, tools: list[dict] | None
                 tokenizer_free.append(m["content"])
             for call in m.get("tool_calls") or []:
                 fn = call["function"]
-                tokenizer_free.append(f'<tool_call>\n{{"name": "{fn["name"]}", "arguments": '
-                                      f'{json.dumps(fn["arguments"])}}}\n</tool_call>')
+                tokenizer_free.append(tool_call_text(fn["name"], fn["arguments"]))
     tokenizer_free += [json.dumps(t) for t in tools or []]
     tokenizer_free += ["<|im_start|>system\n", "<|im_start|>user\n", "<|im_start|>assistant\n",
                        "<tool_response>\n(no output)\n</tool_response>", "Error: no action found.",

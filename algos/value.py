@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .pool import PoolEntry, split_by_task
+from .trajectory_pool import PoolEntry, split_by_task
 from .pool_tokens import EntryTokenizer, EntryTokens
 
 

@@ -1,7 +1,7 @@
 """Vision-language policies for agent GRPO: image observations in the token stream.
 
 An env whose observations carry a screenshot (`{"screenshot": array, "text": str}`, the
-GUI env's shape) reaches the policy as OpenAI content parts (`orchard_gym.images`). For
+GUI env's shape) reaches the policy as OpenAI content parts (`orchard_gym.screenshots`). For
 a local vision-language model (a `transformers` processor with an image processor, e.g.
 LLaVA) each image part becomes the processor's image tokens in the episode's token
 sequence, and the pixels travel next to it:
@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from .agent_rollout import ChatRenderer
+from .chat_render import ChatRenderer
 from .tiny import build_tokenizer, qwen2_5_chat_template
 
 IMAGE_TOKEN = "<image>"
@@ -191,9 +191,8 @@ def gui_corpus(system_prompt: str | None = None) -> list[str]:
     """Texts to train a tiny VLM's tokenizer for Orchard/GUI-v0 episodes: the shape of its
     observation texts (task, URL, tab, title, action results and errors) and its tool calls,
     so those come out as a few tokens each instead of one per byte."""
-    import json
 
-    from orchard_gym.envs.actions import ActionError, parse_action
+    from orchard_gym.envs.actions import ActionError, parse_action, tool_call_text
     from orchard_gym.envs.gui.tools import SPECS
 
     try:
@@ -207,7 +206,6 @@ def gui_corpus(system_prompt: str | None = None) -> list[str]:
              head + "The task has started. Act with the computer_use tools; end with terminate or answer.",
              head + unparsed, head.replace("Button", "Test").replace("click-button", "click-test"),
              "left_click at 12,34 (pixels).", "Typed 5 characters."] + [head + unparsed] * 5
-    arguments = json.dumps({"coordinate": [0.5, 0.5]})
     for name, description, _ in SPECS:
-        texts += [description, f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>']
+        texts += [description, tool_call_text(name, {"coordinate": [0.5, 0.5]})]
     return texts * 3

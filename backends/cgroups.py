@@ -466,3 +466,33 @@ class SandboxCgroup:
             if quota != "max" and period.isdigit():
                 cpu = int(quota) / int(period)
         return {"pids": pids, "memory_bytes": memory, "cpu": cpu}
+
+
+# --------------------------------------------------------------------------- a process's cgroup, read on the host
+
+
+def process_memory_peak(pid: int | None, within: str) -> int | None:
+    """Peak memory of the cgroup process `pid` is in, read on this host (a container's init process:
+    engine_stats.py), when that cgroup's path holds `within` (the container id: never a guess at
+    another cgroup); None where it cannot be read (another pid namespace, no such file)."""
+    if not pid:
+        return None
+    try:
+        own, mounts = _own_paths(f"/proc/{pid}/cgroup"), _mounts()
+    except (OSError, ValueError):
+        return None
+    for fstype, mount, root, opts in mounts:
+        if root != "/":  # a mount of part of a hierarchy: the process's path is not below it
+            continue
+        if fstype == "cgroup" and "memory" in opts:
+            where, name = own.get("memory"), "memory.max_usage_in_bytes"
+        elif fstype == "cgroup2":
+            where, name = own.get(""), "memory.peak"
+        else:
+            continue
+        if not where or within not in where:  # not this container's own cgroup: do not guess
+            continue
+        peak = _int(_read(Path(mount) / where.lstrip("/") / name))
+        if peak:
+            return peak
+    return None

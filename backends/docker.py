@@ -47,7 +47,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -56,8 +55,9 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, ImageNotFound, InvalidRequest, OrchardError
 from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord
 
-from . import engine_stats, host_guard, procs
+from . import engine_stats, host_guard
 from .docker_bundle import SharedBundle, container_lost, name_in_use
+from .owners import owner_gone, owner_identity
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
 from .snapshots_docker import DockerSnapshots
@@ -87,34 +87,6 @@ def default_base_url() -> str:
     if os.path.exists(PODMAN_SOCKET):
         return f"unix://{PODMAN_SOCKET}"
     return "unix:///var/run/docker.sock"
-
-
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f.read().strip()[:8]
-    except OSError:
-        return "-"
-
-
-def owner_identity(pid: int | None = None) -> str:
-    """host:boot:pid:start of a process; the boot id tells a reboot from a live owner."""
-    ident = procs.identity(pid or os.getpid())
-    return f"{socket.gethostname()}:{_boot_id()}:{ident['pid']}:{ident['start']}"
-
-
-def owner_gone(owner: str) -> bool:
-    """True only when we can tell: an owner on this host whose process is dead."""
-    parts = owner.split(":")
-    if len(parts) != 4 or parts[0] != socket.gethostname():
-        return False
-    if parts[1] != _boot_id():
-        return True
-    try:
-        pid = int(parts[2])
-    except ValueError:
-        return False
-    return not procs.alive({"pid": pid, "start": None if parts[3] == "None" else parts[3]})
 
 
 ARP_NOTIFY = "/proc/sys/net/ipv4/conf/all/arp_notify"

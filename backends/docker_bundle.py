@@ -144,7 +144,7 @@ class SharedBundle:
         """Remove another process's filler if that process is gone (it would never finish)."""
         from docker import errors as derr
 
-        from .docker import owner_gone
+        from .owners import owner_gone
 
         try:
             labels = (self.backend.api.inspect_container(filler).get("Config") or {}).get("Labels") or {}

@@ -10,9 +10,7 @@ ledger reads the container's cgroup from inside it (orchard_gym/ledger.py).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from .cgroups import _int, _mounts, _own_paths, _read
+from . import cgroups
 
 
 def usage_from_stats(stats: dict) -> dict:
@@ -26,24 +24,4 @@ def usage_from_stats(stats: dict) -> dict:
 def host_cgroup_peak(pid: int | None, container_id: str) -> int | None:
     """Peak memory of a container's cgroup read on this host, found from its init process
     (`State.Pid`); None where it cannot be (another pid namespace, no such file)."""
-    if not pid:
-        return None
-    try:
-        own, mounts = _own_paths(f"/proc/{pid}/cgroup"), _mounts()
-    except (OSError, ValueError):
-        return None
-    for fstype, mount, root, opts in mounts:
-        if root != "/":  # a mount of part of a hierarchy: the process's path is not below it
-            continue
-        if fstype == "cgroup" and "memory" in opts:
-            where, name = own.get("memory"), "memory.max_usage_in_bytes"
-        elif fstype == "cgroup2":
-            where, name = own.get(""), "memory.peak"
-        else:
-            continue
-        if not where or container_id not in where:  # not this container's own cgroup: do not guess
-            continue
-        peak = _int(_read(Path(mount) / where.lstrip("/") / name))
-        if peak:
-            return peak
-    return None
+    return cgroups.process_memory_peak(pid, container_id)

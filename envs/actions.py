@@ -43,6 +43,27 @@ def parse_action(action: Any, tools: list[str], shell_tool: str = "bash") -> Too
     return call
 
 
+def tool_call_text(name: str, arguments: dict | str) -> str:
+    """A tool call as Hermes/Qwen chat templates write it (what `TOOL_CALL_RE` reads back)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+
+def tagged_tool_calls(text: str) -> tuple[list[ToolCall], str]:
+    """Every well-formed `<tool_call>{"name": ..., "arguments": ...}</tool_call>` block of `text` as a
+    call (malformed ones are passed over), and the text without the blocks: a chat model's turn that
+    may hold several calls (a harness's model call), where `parse_action` takes exactly one."""
+    calls = []
+    for raw in TOOL_CALL_RE.findall(text):
+        try:
+            obj = json.loads(raw)
+            if isinstance(obj, dict):
+                calls.append(_from_dict(obj))
+        except (ValueError, ActionError):
+            continue
+    return calls, (TOOL_CALL_RE.sub("", text).strip() if calls else text)
+
+
 def _from_dict(d: dict) -> ToolCall:
     call_id = d.get("id") if isinstance(d.get("id"), str) else None
     if isinstance(d.get("function"), dict):

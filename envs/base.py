@@ -89,6 +89,18 @@ class SandboxEnv(gym.Env):
     @abstractmethod
     def task_ids(self) -> list[str]: ...
 
+    @classmethod
+    def tasks_from(cls, **env_kwargs: Any) -> dict[str, Any]:
+        """The tasks by id that an env made with these kwargs would have, read from the task source
+        they name (`tasks=`, `split=`, ...): no env, sandbox or backend is made, kwargs the source
+        does not read are ignored. A domain env overrides it (and its `__init__` uses it)."""
+        raise NotImplementedError(f"{cls.__name__} cannot read its tasks without an env")
+
+    @classmethod
+    def list_task_ids(cls, **env_kwargs: Any) -> list[str]:
+        """The task ids of `tasks_from(**env_kwargs)`, sorted as `task_ids()` gives them."""
+        return sorted(cls.tasks_from(**env_kwargs))
+
     @abstractmethod
     def get_task(self, task_id: str) -> Any: ...
 

@@ -24,19 +24,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
 from orchard_gym.client import AsyncSandboxClient
-from orchard_gym.images import observation_parts, observation_text
+from orchard_gym.screenshots import observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
 from .forking import EnvSnapshot, clone
-from .rollout import SYSTEM_PROMPT, Policy, ScreenshotSink, play
+from .episode import SYSTEM_PROMPT, Policy, ScreenshotSink, first_messages, play
 
 
 class BranchError(ValueError):
@@ -149,20 +149,19 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
         root = env.trajectory
         root.metadata["branch"] = {"tree": tree_id, "seq": seq, "at": None, "index": None}
         root.metadata.setdefault("task", observation_text(obs)[:4000])
-        messages = [{"role": "system", "content": system_prompt}, {"role": "user", "content": observation_parts(obs)}]
+        messages = first_messages(obs, system_prompt)
         tools = info["tools"]
         tree = EpisodeTree(tree_id=tree_id, task_id=root.task_id, root=root)
         bound = policy.bind(env) if hasattr(policy, "bind") else policy  # once: the root is one episode
         for k in ks:
-            await play(env, bound, messages, tools, stop_at=k, bind=False, **kwargs)
-            if env._done or len(root.turns) < k:
+            snap = await snapshot_at(env, bound, messages, tools, k, **kwargs)
+            if snap is None:
                 tree.points[k] = BranchPoint(at=k, error=f"the root episode ended after {len(root.turns)} turns, "
                                                          f"before turn {k}")
                 continue
-            snap = await env.asnapshot()
-            pending[k] = [asyncio.create_task(_continue(env, snap, policy, list(messages), tools, gate,
-                                                        {"tree": tree_id, "seq": seq, "at": k, "index": i},
-                                                        kwargs)) for i in range(branches)]
+            pending[k] = [asyncio.create_task(_gated(gate, run_branch(
+                env, snap, policy, list(messages), tools, {"tree": tree_id, "seq": seq, "at": k, "index": i}, **kwargs)))
+                for i in range(branches)]
             tree.points[k] = BranchPoint(at=k)
         await play(env, bound, messages, tools, bind=False, **kwargs)
         await env._release_sandbox()  # the root's sandbox; its snapshots live until the env closes
@@ -176,22 +175,47 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
     return tree
 
 
-async def _continue(parent: SandboxEnv, snap: EnvSnapshot, policy: Policy, messages: list[dict],
-                    tools: list[dict], gate: asyncio.Semaphore, branch: dict, kwargs) -> Trajectory:
+async def _gated(gate: asyncio.Semaphore, episode: Awaitable[Trajectory]) -> Trajectory:
     async with gate:
-        env = clone(parent)
+        return await episode
+
+
+async def snapshot_at(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], at: int,
+                      **play_kwargs: Any) -> EnvSnapshot | None:
+    """Play a reset env's episode (a bound policy, `messages` extended in place) on to turn `at` and
+    snapshot its state there: the branch point. None when the episode ended or failed before it."""
+    await play(env, policy, messages, tools, stop_at=at, bind=False, **play_kwargs)
+    if env._done or len(env.trajectory.turns) < at or env.trajectory.error:
+        return None
+    return await env.asnapshot()
+
+
+async def run_branch(parent: SandboxEnv, snap: EnvSnapshot, policy: Policy, messages: list[dict],
+                     tools: list[dict], branch: dict, *, timeout: float | None = None,
+                     **play_kwargs: Any) -> Trajectory:
+    """One continuation from a branch point: an env like `parent` restored from `snap`, played to its
+    end with its own copy of `messages` (`metadata["branch"] = branch`). A fork that fails, or one
+    still running after `timeout` seconds, is one failed sample (`trajectory.error`), not a crash."""
+    env = clone(parent)
+    try:
         try:
-            try:
-                await env.areset(options={"snapshot": snap})
-            except Exception as e:  # one failed fork is one failed sample
-                t = snap.trajectory.model_copy(deep=True)
-                t.error, t.ended_at = f"fork failed: {type(e).__name__}: {e}", time.time()
-                t.metadata["branch"] = branch
-                return t
-            env.trajectory.metadata["branch"] = dict(branch)
-            return await play(env, policy, messages, tools, **kwargs)
-        finally:
-            await env.aclose()
+            await env.areset(options={"snapshot": snap})
+        except Exception as e:  # one failed fork is one failed sample
+            t = snap.trajectory.model_copy(deep=True)
+            t.error, t.ended_at = f"fork failed: {type(e).__name__}: {e}", time.time()
+            t.metadata["branch"] = branch
+            return t
+        env.trajectory.metadata["branch"] = dict(branch)
+        try:
+            return await asyncio.wait_for(play(env, policy, list(messages), tools, **play_kwargs), timeout)
+        except TimeoutError:
+            env.trajectory.error = f"aborted: the wall-clock budget of {timeout:.0f}s ran out"
+        except Exception as e:  # the continuation broke (not the policy: play records that)
+            env.trajectory.error = f"fork failed: {type(e).__name__}: {e}"
+        env.trajectory.ended_at = time.time()
+        return env.trajectory
+    finally:
+        await env.aclose()
 
 
 async def run_trees(make_env: Callable[[AsyncSandboxClient], SandboxEnv], policy: Policy, task_ids: Sequence[str],

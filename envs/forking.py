@@ -23,17 +23,45 @@ import asyncio
 import copy
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
 
 from orchard_gym.errors import OrchardError
 from orchard_gym.trajectory import Trajectory
 
-from .tools import ToolContext
+from .tools import Tool, ToolContext
 
-if TYPE_CHECKING:
-    from .base import SandboxEnv
+
+class SandboxEnv(Protocol):
+    """What forking reads and sets of an env: envs/base.py's `SandboxEnv` (which imports this
+    module, so it is named here by what it has)."""
+
+    env_id: ClassVar[str]
+    forks_midway: ClassVar[bool]
+    per_episode_attrs: ClassVar[tuple[str, ...]]
+    snapshot_setup: bool
+    sandbox: Any
+    task: Any
+    trajectory: Trajectory | None
+    tools: dict[str, Tool]
+    _client: Any
+    _owns_client: bool
+    _ctx: ToolContext | None
+    _started: float
+    _done: bool
+    _last_obs: Any
+    _np_random: Any
+
+    @property
+    def tool_schemas(self) -> list[dict]: ...
+    def sandbox_size(self, task: Any) -> dict: ...
+    def first_observation(self, task: Any) -> Any: ...
+    def _info(self, **extra: Any) -> dict: ...
+    async def _get_client(self) -> Any: ...
+    async def _release_sandbox(self) -> None: ...
+    async def setup(self, sandbox: Any, task: Any) -> ToolContext: ...
+    async def resume(self, sandbox: Any, task: Any, ctx: ToolContext) -> ToolContext: ...
 
 
 class EnvSnapshot:

@@ -249,13 +249,16 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         env_kw = {**user_kw, **extra, **({} if tasks == "builtin" else {"tasks": tasks})}
     except (json.JSONDecodeError, TypeError, ValueError) as e:
         raise click.BadParameter(f"not a JSON object: {e}", param_hint="--env-kwargs") from None
+    from .registration import env_tasks
+
     try:
-        probe = spec.make(**env_kw, backend={"type": "local"}).unwrapped
+        tasks_by_id = env_tasks(env_id, **env_kw)  # from the task source: no env, sandbox or backend
+        probe = spec.make(**{**env_kw, "tasks": tasks_by_id}).unwrapped  # asked about tools and oracle, never reset
     except (ValueError, FileNotFoundError, ImportError) as e:  # a bad task file names its line and field
         raise click.BadParameter(str(e), param_hint="--tasks") from None
     except TypeError as e:  # an argument the env does not take
         raise click.ClickException(f"--env-kwargs: {e}") from None
-    ids = [t for t in probe.task_ids() if not task_filter or t in task_filter]
+    ids = [t for t in sorted(tasks_by_id) if not task_filter or t in task_filter]
     if task_filter and len(ids) != len(set(task_filter)):
         raise click.BadParameter(f"unknown task ids: {sorted(set(task_filter) - set(ids))}", param_hint="--task-id")
     if policy == "oracle" and hasattr(probe, "oracle_policy"):
@@ -274,7 +277,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    from .images import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
+    from .screenshots import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
 
     screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
@@ -286,7 +289,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
                 sink.flush()
 
             def make_env(c):
-                return spec.make(**{**user_kw, "tasks": probe._tasks}, client=c, max_steps=max_steps).unwrapped
+                return spec.make(**{**user_kw, "tasks": tasks_by_id}, client=c, max_steps=max_steps).unwrapped
 
             try:
                 return await run_episodes(make_env, agent, schedule, concurrency=concurrency, client=client,

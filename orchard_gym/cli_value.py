@@ -24,7 +24,7 @@ def _json_opt(text: str, hint: str) -> dict:
 
 
 def _read(paths) -> list:
-    from orchard_gym.algos.pool import PoolError, read_pool
+    from orchard_gym.algos.trajectory_pool import PoolError, read_pool
 
     try:
         entries = read_pool(*paths)
@@ -62,7 +62,7 @@ def pool_add(runs, pool_path, policy_id, env_id, env_kwargs, system_prompt, max_
 
     Example: orchard pool add runs/eval.jsonl --pool pool.jsonl --policy-id sft-40 --env Orchard/Toy-v0
     """
-    from orchard_gym.algos import pool as P
+    from orchard_gym.algos import trajectory_pool as P
     from orchard_gym.envs.rollout import SYSTEM_PROMPT
 
     info = None
@@ -103,7 +103,7 @@ def pool_add(runs, pool_path, policy_id, env_id, env_kwargs, system_prompt, max_
 @click.argument("pools", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 def pool_show(pools) -> None:
     """Counts of a pool: entries, resolved, tasks, entries per policy (JSON)."""
-    from orchard_gym.algos.pool import summary
+    from orchard_gym.algos.trajectory_pool import summary
 
     click.echo(json.dumps(summary(_read(pools)), indent=2))
 
@@ -191,7 +191,7 @@ def value_rerank(value_path, pools, policy_id, aggregation, held_out, out, seed)
     click.echo(format_table(table))
     click.echo(json.dumps(table))
     if out:
-        from orchard_gym.algos.pool import write_pool
+        from orchard_gym.algos.trajectory_pool import write_pool
 
         groups = group_by_task(entries)
         write_pool(out, [groups[t][pick(s)] for t, s in scores.items()], append=False)
@@ -282,7 +282,7 @@ def train_sft_cmd(pools, model_path, mode, out, steps, lr, batch_size, resolved_
 # ------------------------------------------------------------------------------ orchard eval --best-of
 def best_of(results: list, value_path: str, probe, n: int, aggregation: str = "final") -> list:
     """The reranked pick of every N consecutive episodes of a task (the eval's schedule order)."""
-    from orchard_gym.algos.pool import PoolError, TaskInfo, from_trajectory
+    from orchard_gym.algos.trajectory_pool import PoolError, TaskInfo, from_trajectory
     from orchard_gym.algos.rerank import pick, score
     from orchard_gym.algos.value import ValueModel
 

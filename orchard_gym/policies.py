@@ -1,4 +1,4 @@
-"""Policies for `orchard eval`: the oracle (gold patch) and any OpenAI-compatible model.
+"""Policies for `orchard eval`: the env's oracle, a do-nothing baseline and any OpenAI-compatible model.
 
 A policy is `async (messages, tools) -> action`, the contract of `envs.rollout`.
 """
@@ -14,24 +14,23 @@ from .errors import EndpointBadResponse, InvalidRequest
 
 
 class OraclePolicy:
-    """Applies the task's gold patch, then submits: checks tasks and graders end to end.
+    """The env's own oracle: `env.oracle_policy()` (SWE's gold patch, Claw's and GUI's scripted
+    solutions, Toy's and Harbor's solution commands): checks tasks and graders end to end.
 
-    It needs to know the episode's task, so the runner binds it to each env (`bind`)."""
+    It needs to know the episode's env, so the runner binds it to each env (`bind`)."""
 
     def __init__(self, env=None):
         self.env = env
 
-    def bind(self, env) -> OraclePolicy:
-        return OraclePolicy(env)
+    def bind(self, env) -> Any:
+        if not hasattr(env, "oracle_policy"):
+            raise InvalidRequest(f"{type(env).__name__} has no oracle (no oracle_policy())")
+        return env.oracle_policy().bind(env)
 
     async def __call__(self, messages: list[dict], tools: list[dict]) -> Any:
         if self.env is None:
             raise InvalidRequest("the oracle policy must be bound to an env: policy.bind(env)")
-        if not any(m["role"] == "assistant" for m in messages):
-            patch = self.env.task.patch
-            delimiter = "ORCHARD_GOLD_PATCH_EOF"
-            return {"name": "bash", "arguments": {"command": f"git apply <<'{delimiter}'\n{patch}\n{delimiter}"}}
-        return {"name": "submit", "arguments": {}}
+        return await self.bind(self.env)(messages, tools)
 
 
 class OpenAIPolicy:
@@ -68,7 +67,6 @@ class OpenAIPolicy:
 
     async def aclose(self) -> None:
         await self.endpoint.aclose()
-
 
 class NothingPolicy:
     """A do-nothing baseline: ends the episode at once (`submit`, or the env's finishing tool). A

@@ -1,6 +1,10 @@
 """Env ids, registered with Gymnasium on `import orchard_gym`.
 
-    import gymnasium as gym
+    from typing import Any
+
+from typing import Any
+
+import gymnasium as gym
     import orchard_gym  # noqa: F401  (registers the ids)
     env = gym.make("Orchard/SWE-v0", backend={"type": "local"}, max_steps=30)
 
@@ -9,6 +13,8 @@ Without the import, `gym.make("orchard_gym:Orchard/SWE-v0")` imports it for you
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import gymnasium as gym
 
@@ -50,3 +56,31 @@ class EnvCreator:
 
     def __repr__(self) -> str:
         return f"EnvCreator({self.entry_point!r})"
+
+
+def env_class(env_id: str) -> Any:
+    """The class (or factory) an env id makes, imported by its dotted name: nothing is built."""
+    from gymnasium.envs.registration import load_env_creator
+
+    creator = gym.spec(env_id).entry_point
+    target = creator.entry_point if isinstance(creator, EnvCreator) else creator
+    return load_env_creator(target) if isinstance(target, str) else target
+
+
+def env_tasks(env_id: str, **env_kwargs: Any) -> dict[str, Any]:
+    """The tasks by id of `gym.make(env_id, **env_kwargs)`, read from the task source the kwargs
+    name (`tasks=`, `split=`, ...) without making the env: no sandbox, no backend
+    (`SandboxEnv.tasks_from`). An env that cannot say is made (never reset) and asked."""
+    try:
+        return env_class(env_id).tasks_from(**env_kwargs)
+    except (AttributeError, NotImplementedError):
+        env: Any = gym.spec(env_id).make(**env_kwargs).unwrapped
+        try:
+            return {task_id: env.get_task(task_id) for task_id in env.task_ids()}
+        finally:
+            env.close()
+
+
+def list_task_ids(env_id: str, **env_kwargs: Any) -> list[str]:
+    """The task ids of `env_tasks(env_id, **env_kwargs)`, sorted as the env's `task_ids()`."""
+    return sorted(env_tasks(env_id, **env_kwargs))

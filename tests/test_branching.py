@@ -12,7 +12,7 @@ import gymnasium as gym
 import pytest
 
 from orchard_gym.algos.credit import JudgeError, MonteCarloJudge
-from orchard_gym.algos.pool import from_trajectory
+from orchard_gym.algos.trajectory_pool import from_trajectory
 from orchard_gym.algos.value import gae_targets, mc_targets
 from orchard_gym.client import AsyncSandboxClient
 from orchard_gym.envs.branching import BranchError, check_branching, run_trees

@@ -16,7 +16,7 @@ from conftest import require_module
 from orchard_gym.envs.rollout import observation_messages, run_episodes
 from orchard_gym.envs.toy.colour import COLOURS, ColourEnv, square
 from orchard_gym.errors import InvalidRequest
-from orchard_gym.images import data_url, observation_parts
+from orchard_gym.screenshots import data_url, observation_parts
 
 Image = require_module("train", "PIL.Image")  # an independent decoder (Pillow comes with extra [train])
 
@@ -162,7 +162,7 @@ def test_colour_env_is_a_clean_gymnasium_env(local_root):
 def test_a_garbled_screenshot_is_noted_and_ends_only_its_episode(local_root, tmp_path):
     from orchard_gym.client import AsyncSandboxClient
     from orchard_gym.envs.toy.env import ToyOraclePolicy
-    from orchard_gym.images import ScreenshotFiles
+    from orchard_gym.screenshots import ScreenshotFiles
 
     class Garbled(ColourEnv):
         async def astep(self, action):

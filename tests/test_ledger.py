@@ -125,7 +125,7 @@ def test_tokens_of_concurrent_episodes_stay_apart_and_sandboxes_are_charged(loca
     from orchard_gym.client import AsyncSandboxClient
     from orchard_gym.envs.rollout import run_episodes
 
-    from orchard_gym.images import observation_text
+    from orchard_gym.screenshots import observation_text
 
     tally: dict[str, int] = {}
 

@@ -27,7 +27,7 @@ from orchard_gym.algos.tiny import toy_corpus  # noqa: E402
 from orchard_gym.algos.vision import VisionChatRenderer, build_tiny_vlm, load_policy  # noqa: E402
 from orchard_gym.envs.rollout import observation_messages  # noqa: E402
 from orchard_gym.envs.toy.colour import COLOURS, ColourEnv, colour_tasks, square  # noqa: E402
-from orchard_gym.images import observation_parts  # noqa: E402
+from orchard_gym.screenshots import observation_parts  # noqa: E402
 
 torch.set_num_threads(1)
 SYSTEM = "Act."

@@ -9,12 +9,12 @@ import time
 
 import gymnasium as gym
 import pytest
-from orchard_gym.wrappers import DiscountedTerminalReward, ErrorFilter, ShapeReward, ToyEnv, WallClockTimeout
+from orchard_gym.wrappers import DiscountedTerminalReward, ErrorFilter, ShapeReward, EchoEnv, WallClockTimeout
 from orchard_gym.wrappers.reconstruct import discounted
 
 import orchard_gym  # noqa: F401
 
-DOC_MODULES = ["base", "timeout", "reward", "error_filter", "reconstruct"]
+DOC_MODULES = ["echo", "timeout", "reward", "error_filter", "reconstruct"]
 
 
 @pytest.mark.parametrize("name", DOC_MODULES)
@@ -33,7 +33,7 @@ def test_discounting_matches_the_paper():
 
 
 def test_timeout_cancels_a_step_in_flight_and_aborts_the_env():
-    inner = ToyEnv(length=10, delay=5.0)
+    inner = EchoEnv(length=10, delay=5.0)
     env = WallClockTimeout(inner, max_seconds=0.5)
     env.reset(seed=0)
     started = time.monotonic()
@@ -49,14 +49,14 @@ def test_timeout_cancels_a_step_in_flight_and_aborts_the_env():
 
 
 def test_wrappers_compose_and_keep_errors_out_of_rewards():
-    env = ErrorFilter(DiscountedTerminalReward(ShapeReward(ToyEnv(length=3, fail_at=3), lambda r, o, i: r + 5.0)))
+    env = ErrorFilter(DiscountedTerminalReward(ShapeReward(EchoEnv(length=3, fail_at=3), lambda r, o, i: r + 5.0)))
     env.reset(seed=0)
     assert env.step("a")[1] == 5.0
     assert env.step("b")[1] == 5.0
     obs, reward, terminated, truncated, info = env.step("c")  # the toy sandbox dies here
     assert reward == 0.0 and info["discard"] and info["step_rewards"] is None and env.discarded == 1
 
-    ok = ErrorFilter(DiscountedTerminalReward(ToyEnv(length=2, reward=1.0), gamma=0.5))
+    ok = ErrorFilter(DiscountedTerminalReward(EchoEnv(length=2, reward=1.0), gamma=0.5))
     ok.reset(seed=0)
     ok.step("a")
     obs, reward, terminated, truncated, info = ok.step("b")
@@ -66,7 +66,7 @@ def test_wrappers_compose_and_keep_errors_out_of_rewards():
 
 def test_async_twins_work_in_an_event_loop():
     async def main():
-        env = WallClockTimeout(ToyEnv(length=2, delay=0.01), max_seconds=30)
+        env = WallClockTimeout(EchoEnv(length=2, delay=0.01), max_seconds=30)
         await env.areset(seed=1)
         await env.astep("a")
         result = await env.astep("b")
@@ -91,3 +91,10 @@ def test_timeout_on_a_sandbox_env_deletes_the_sandbox_and_marks_the_trajectory(l
         assert not [p for p in local_root.iterdir() if not p.name.startswith(".")]
     finally:
         env.close()
+
+
+def test_the_old_name_of_the_echo_env_still_works():
+    import orchard_gym.wrappers as w
+
+    with pytest.warns(DeprecationWarning, match="EchoEnv"):
+        assert w.ToyEnv is EchoEnv

@@ -5,13 +5,14 @@
 - `HarnessEnv`: any harness (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
 - trajectory reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
 - wrappers, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
-  `ErrorFilter` (and `ToyEnv`, the tiny env their examples use).
+  `ErrorFilter` (and `EchoEnv`, the tiny env their examples use; `ToyEnv` is its old name).
 
 See docs/recording.md. Importing this package does not import FastAPI.
 """
 
 from __future__ import annotations
 
+import warnings
 from importlib import import_module
 from typing import Any
 
@@ -23,7 +24,7 @@ _LAZY = {
     "RolloutStore": "records", "RolloutRecord": "records", "CallRecord": "records",
     "reconstruct": "reconstruct", "Sample": "reconstruct", "to_trajectory": "reconstruct",
     "drop_errors": "reconstruct", "discounted": "reconstruct",
-    "AsyncWrapper": "base", "ToyEnv": "base",
+    "AsyncWrapper": "base", "EchoEnv": "echo",
     "WallClockTimeout": "timeout",
     "DiscountedTerminalReward": "reward", "ShapeReward": "reward",
     "ErrorFilter": "error_filter",
@@ -33,6 +34,9 @@ __all__ = list(_LAZY)  # a list expression, which linters can read
 
 
 def __getattr__(name: str) -> Any:
+    if name == "ToyEnv":  # its old name, beside the sandboxed Orchard/Toy-v0 env of the same name
+        warnings.warn("orchard_gym.wrappers.ToyEnv is now EchoEnv", DeprecationWarning, stacklevel=2)
+        name = "EchoEnv"
     if name in _LAZY:
         return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

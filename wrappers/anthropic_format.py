@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from .openai_format import FormatError, _text_of
+from .openai_format import FormatError, content_text
 
 MESSAGES = "messages"
 
@@ -229,7 +229,7 @@ def messages_object(message: dict, model: str, usage: dict | None = None, finish
     content: list[dict] = []
     if message.get("reasoning_content"):
         content.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
-    text = _text_of(message.get("content"))
+    text = content_text(message.get("content"))
     if isinstance(text, str) and text:
         content.append({"type": "text", "text": text})
     for call in message.get("tool_calls") or []:

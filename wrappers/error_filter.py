@@ -17,8 +17,8 @@ class ErrorFilter(AsyncWrapper):
     `episodes` and `discarded`. Every other step gets `info["discard"] = False`. For
     recorded trajectories and samples use `drop_errors(...)` instead.
 
-    >>> from orchard_gym.wrappers import ErrorFilter, ToyEnv
-    >>> env = ErrorFilter(ToyEnv(length=3, fail_at=2))
+    >>> from orchard_gym.wrappers import ErrorFilter, EchoEnv
+    >>> env = ErrorFilter(EchoEnv(length=3, fail_at=2))
     >>> _ = env.reset(seed=0)
     >>> env.step("a")[4]["discard"]
     False

@@ -42,6 +42,8 @@ module each in `wrappers/harnesses/` (see docs/harnesses.md).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -222,21 +224,27 @@ def get_harness(spec: str | dict | Harness) -> Harness:
     return harnesses[spec]
 
 
-def all_harnesses() -> dict[str, Harness]:
-    from .harnesses import builtin_harnesses
+# The built-in harnesses are plugins, one module each in wrappers/harnesses/, found by file name:
+# they import this module (for `Harness`), never the other way round.
+HARNESS_PACKAGE = f"{__name__.rpartition('.')[0]}.harnesses"
 
-    return builtin_harnesses()
+
+def all_harnesses() -> dict[str, Harness]:
+    """The built-in harnesses by name: every module of `HARNESS_PACKAGE` that defines `HARNESS`."""
+    package = importlib.import_module(HARNESS_PACKAGE)
+    found: dict[str, Harness] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda m: m.name):
+        harness = getattr(importlib.import_module(f"{HARNESS_PACKAGE}.{info.name}"), "HARNESS", None)
+        if isinstance(harness, Harness):
+            found[harness.name] = harness
+    return found
 
 
 def __getattr__(name: str):  # the old module-level names, now in wrappers/harnesses/
     if name == "MINI_SWE_AGENT":
-        from .harnesses.mini_swe_agent import HARNESS
-
-        return HARNESS
+        return all_harnesses()["mini-swe-agent"]
     if name == "MINI_SWE_AGENT_VERSION":
-        from .harnesses.mini_swe_agent import VERSION
-
-        return VERSION
+        return importlib.import_module(f"{HARNESS_PACKAGE}.mini_swe_agent").VERSION
     if name == "HARNESSES":
         return all_harnesses()
     raise AttributeError(name)

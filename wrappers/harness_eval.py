@@ -32,6 +32,8 @@ from typing import Any
 from orchard_gym.endpoint import Endpoint, EndpointSpec, is_endpoint, parse_spec
 from orchard_gym.errors import EndpointSpecError
 
+from orchard_gym.envs.swe.oracle import apply_patch_command
+
 from .harness import Harness, get_harness
 
 # a policy: (harness, the task env's current task, the pending request's info) -> (action, tokens or None)
@@ -46,7 +48,7 @@ class OraclePolicy:
         if not isinstance(patch, str) or not patch.strip():
             raise ValueError(f"the oracle policy needs tasks with a gold patch; {type(task).__name__} has none")
         if info.get("step", 0) == 0:
-            return harness.shell(f"git apply <<'ORCHARD_EOF'\n{patch}\nORCHARD_EOF"), None
+            return harness.shell(apply_patch_command(patch)), None
         return harness.finish, None
 
 

@@ -15,68 +15,16 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+# re-exported: an action as a chat message has its home in orchard_gym/chat.py
+from orchard_gym.chat import FormatError as FormatError
+from orchard_gym.chat import assistant_message as assistant_message
+
 CHAT = "chat.completions"
 RESPONSES = "responses"
 
 
-class FormatError(ValueError):
-    """A request, a response or an action that does not have the expected shape."""
-
-
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
-
-
-# ---------------------------------------------------------------------------- actions
-def assistant_message(action: Any) -> dict:
-    """An action -> the assistant message it stands for.
-
-    Accepted: text; a full assistant message `{"role": "assistant", "content", "tool_calls"}`;
-    one tool call `{"name", "arguments"}` (arguments a dict or a JSON string), also as
-    `{"type": "function", "function": {...}}`; or a list of tool calls.
-    """
-    if isinstance(action, str):
-        return {"role": "assistant", "content": action}
-    if isinstance(action, list):
-        if not action:
-            raise FormatError("an empty list is not an action; give text or at least one tool call")
-        return {"role": "assistant", "content": None, "tool_calls": [_tool_call(c) for c in action]}
-    if not isinstance(action, dict):
-        raise FormatError(f"an action is text, a tool call or an assistant message, not {type(action).__name__}")
-    if "role" in action or "tool_calls" in action or ("content" in action and "name" not in action):
-        if action.get("role", "assistant") != "assistant":
-            raise FormatError(f"the action must be an assistant message, not role {action.get('role')!r}")
-        content = action.get("content")
-        if content is not None and not isinstance(content, (str, list)):
-            raise FormatError("the message's content must be a string, a list of parts or null")
-        calls = action.get("tool_calls") or []
-        if not isinstance(calls, list):
-            raise FormatError("tool_calls must be a list")
-        if content is None and not calls:
-            raise FormatError("the assistant message has neither content nor tool_calls")
-        message = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = [_tool_call(c) for c in calls]
-        for key in ("reasoning_content", "reasoning"):
-            if isinstance(action.get(key), str):
-                message[key] = action[key]
-        return message
-    return {"role": "assistant", "content": None, "tool_calls": [_tool_call(action)]}
-
-
-def _tool_call(call: Any) -> dict:
-    if not isinstance(call, dict):
-        raise FormatError(f"a tool call is a dict, not {type(call).__name__}")
-    fn = call.get("function", call)
-    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-        raise FormatError("a tool call needs a function name: {'name': ..., 'arguments': {...}}")
-    args = fn.get("arguments", {})
-    if isinstance(args, dict):
-        args = json.dumps(args)
-    elif not isinstance(args, str):
-        raise FormatError("tool call arguments must be a dict or a JSON string")
-    return {"id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": fn["name"], "arguments": args}}
 
 
 # ---------------------------------------------------------------------------- requests
@@ -95,7 +43,7 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
             continue
         kind = item.get("type", "message")
         if kind == "message" or ("role" in item and kind not in ("function_call", "function_call_output")):
-            messages.append({"role": item.get("role", "user"), "content": _text_of(item.get("content"))})
+            messages.append({"role": item.get("role", "user"), "content": content_text(item.get("content"))})
         elif kind == "function_call":
             call = {"id": item.get("call_id") or item.get("id"), "type": "function",
                     "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}}
@@ -106,7 +54,7 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                             "content": _text_of(item.get("output"))})
+                             "content": content_text(item.get("output"))})
     tools = []
     for tool in body.get("tools") or []:
         if isinstance(tool, dict) and tool.get("type") == "function" and "function" not in tool:
@@ -117,7 +65,8 @@ def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
     return messages, tools
 
 
-def _text_of(content: Any) -> Any:
+def content_text(content: Any) -> Any:
+    """A message's content as one string when it is all text parts (else as it is)."""
     if isinstance(content, list):
         texts = [p.get("text", "") for p in content if isinstance(p, dict) and "text" in p]
         if len(texts) == len(content):
@@ -177,7 +126,7 @@ def chat_chunks(completion: dict) -> Iterator[dict]:
     yield chunk({"role": "assistant", "content": ""})
     content = message.get("content")
     if isinstance(content, list):
-        content = _text_of(content)
+        content = content_text(content)
     if content:
         yield chunk({"content": content})
     for i, call in enumerate(message.get("tool_calls") or []):
@@ -285,7 +234,7 @@ def responses_object(message: dict, model: str, usage: dict | None = None, reque
     if message.get("reasoning_content"):
         output.append({"type": "reasoning", "id": new_id("rs"), "summary": [],
                        "content": [{"type": "reasoning_text", "text": message["reasoning_content"]}]})
-    content = _text_of(message.get("content"))
+    content = content_text(message.get("content"))
     if content:
         output.append({"type": "message", "id": new_id("msg"), "role": "assistant", "status": "completed",
                        "content": [{"type": "output_text", "text": content, "annotations": []}]})
@@ -343,7 +292,7 @@ def message_of_response(response: dict) -> dict:
         if not isinstance(item, dict):
             continue
         if item.get("type") == "message":
-            texts.append(_text_of(item.get("content")) or "")
+            texts.append(content_text(item.get("content")) or "")
         elif item.get("type") == "function_call":
             calls.append({"id": item.get("call_id") or item.get("id"), "type": "function",
                           "function": {"name": item.get("name"), "arguments": item.get("arguments", "")}})

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from .anthropic_format import MESSAGES, anthropic_error, check_prompt, estimate_input_tokens
 from .openai_format import CHAT, RESPONSES, FormatError, assistant_message, error_body
-from .proxy_calls import _bearer, _error_for, _Model
+from .proxy_calls import bearer_token, error_response, ModelEndpoints
 from .proxy_models import Answer, FinishRollout, OpenRollout, ProxyConfig
 from .records import Rollout, RolloutClosed, RolloutNotFound, RolloutStore
 
@@ -42,7 +42,7 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
     config = (config or ProxyConfig()).model_copy()
     config.admin_key = config.admin_key or secrets.token_urlsafe(24)
     store = store or RolloutStore()
-    model = _Model(config, store)
+    model = ModelEndpoints(config, store)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -53,7 +53,7 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
     app.state.config, app.state.store, app.state.model = config, store, model
 
     def admin(request: Request) -> None:
-        token = _bearer(request)
+        token = bearer_token(request)
         if token is None or not hmac.compare_digest(token.encode(), config.admin_key.encode()):
             raise HTTPException(401, "missing or wrong admin key (Authorization: Bearer <admin key>)")
 
@@ -86,10 +86,10 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
         try:
             rollout = store.get(rollout_id)
         except RolloutNotFound as e:
-            return _error_for(endpoint, 404, str(e), "rollout_not_found")
-        if not rollout.check_token(_bearer(request)):
+            return error_response(endpoint, 404, str(e), "rollout_not_found")
+        if not rollout.check_token(bearer_token(request)):
             rollout.reject("missing or wrong rollout token", request.url.path)
-            return _error_for(endpoint, 401, "missing or wrong rollout token", "invalid_api_key",
+            return error_response(endpoint, 401, "missing or wrong rollout token", "invalid_api_key",
                               "authentication_error")
         return rollout
 
@@ -223,7 +223,7 @@ def create_app(config: ProxyConfig | None = None, store: RolloutStore | None = N
             return rollout
         rollout.reject(f"no such endpoint: {request.method} /{rest}", request.url.path)
         endpoint = MESSAGES if "anthropic-version" in request.headers else CHAT
-        return _error_for(endpoint, 404, f"the proxy has no endpoint {request.method} /{rest}", "not_found")
+        return error_response(endpoint, 404, f"the proxy has no endpoint {request.method} /{rest}", "not_found")
 
     app.add_middleware(_UnixSocketGuard)
     return app

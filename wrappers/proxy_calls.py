@@ -48,7 +48,8 @@ from .proxy_models import ProxyConfig
 log = logging.getLogger("orchard_gym.proxy")
 
 
-def _bearer(request: Request) -> str | None:
+def bearer_token(request: Request) -> str | None:
+    """The caller's key: `Authorization: Bearer`, else Anthropic's `x-api-key` or Azure's `api-key`."""
     auth = request.headers.get("authorization", "")
     if auth[:7].lower() == "bearer ":
         return auth[7:].strip()
@@ -59,7 +60,7 @@ def _error(status: int, message: str, code: str, type_: str = "invalid_request_e
     return JSONResponse(error_body(message, type_, code, **extra), status_code=status)
 
 
-def _error_for(endpoint: str, status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
+def error_response(endpoint: str, status: int, message: str, code: str, type_: str = "invalid_request_error") -> JSONResponse:
     """An error in the shape the door's clients parse: Anthropic's for the Messages door."""
     if endpoint == MESSAGES:
         return JSONResponse(anthropic_error(status, message), status_code=status)
@@ -74,7 +75,7 @@ async def _disconnected(request: Request) -> None:
             return
 
 
-class _Model:
+class ModelEndpoints:
     """The model endpoints' logic, bound to one store and one upstream client."""
 
     def __init__(self, config: ProxyConfig, store: RolloutStore):
@@ -93,21 +94,21 @@ class _Model:
         try:
             rollout = self.store.get(rollout_id)
         except RolloutNotFound as e:
-            return _error_for(endpoint, 404, str(e), "rollout_not_found")
-        if not rollout.check_token(_bearer(request)):
+            return error_response(endpoint, 404, str(e), "rollout_not_found")
+        if not rollout.check_token(bearer_token(request)):
             rollout.reject("missing or wrong rollout token", request.url.path)
-            return _error_for(endpoint, 401, "missing or wrong rollout token (Authorization: Bearer <token>, "
+            return error_response(endpoint, 401, "missing or wrong rollout token (Authorization: Bearer <token>, "
                               "or x-api-key: <token>)", "invalid_api_key", "authentication_error")
         if rollout.record.status != "open":
             rollout.reject(f"request after the rollout was {rollout.record.status}", request.url.path)
-            return _error_for(endpoint, 409, f"rollout {rollout_id} is {rollout.record.status}; it takes no more calls",
+            return error_response(endpoint, 409, f"rollout {rollout_id} is {rollout.record.status}; it takes no more calls",
                               "rollout_finished")
         try:
             raw = json.loads(await request.body())
             body = check_messages_request(raw) if endpoint == MESSAGES else check_request(endpoint, raw)
         except (ValueError, FormatError) as e:
             rollout.reject(f"bad request: {e}", request.url.path)
-            return _error_for(endpoint, 400, f"bad request: {e}", "bad_request")
+            return error_response(endpoint, 400, f"bad request: {e}", "bad_request")
         call = rollout.new_call(endpoint, body, bool(body.get("stream")))
         if rollout.record.mode == "policy":
             return await self._from_policy(request, rollout, call, arrived)
@@ -120,7 +121,7 @@ class _Model:
               type_: str = "proxy_error") -> JSONResponse:
         call.error, call.status_code = message, status
         self._close(call, arrived)
-        return _error_for(call.endpoint, status, message, code, type_)
+        return error_response(call.endpoint, status, message, code, type_)
 
     @staticmethod
     def _close(call: CallRecord, arrived: float) -> None:

@@ -17,8 +17,8 @@ class DiscountedTerminalReward(AsyncWrapper):
     reconstruction does for model calls. Step rewards themselves are unchanged. An
     episode that ended in an error gets `info["step_rewards"] = None`: no made-up signal.
 
-    >>> from orchard_gym.wrappers import DiscountedTerminalReward, ToyEnv
-    >>> env = DiscountedTerminalReward(ToyEnv(length=3, reward=1.0), gamma=0.5)
+    >>> from orchard_gym.wrappers import DiscountedTerminalReward, EchoEnv
+    >>> env = DiscountedTerminalReward(EchoEnv(length=3, reward=1.0), gamma=0.5)
     >>> _ = env.reset(seed=0)
     >>> for action in "abc":
     ...     obs, reward, terminated, truncated, info = env.step(action)
@@ -49,8 +49,8 @@ class ShapeReward(AsyncWrapper):
     """Reward shaping hook: `reward = fn(reward, obs, info)` on every step that did not end
     in an error (those keep their 0.0: shaping must not invent signal for them).
 
-    >>> from orchard_gym.wrappers import ShapeReward, ToyEnv
-    >>> env = ShapeReward(ToyEnv(length=2, reward=1.0), lambda r, obs, info: r - 0.01)  # a step cost
+    >>> from orchard_gym.wrappers import ShapeReward, EchoEnv
+    >>> env = ShapeReward(EchoEnv(length=2, reward=1.0), lambda r, obs, info: r - 0.01)  # a step cost
     >>> _ = env.reset(seed=0)
     >>> [round(env.step(a)[1], 2) for a in "ab"]
     [-0.01, 0.99]

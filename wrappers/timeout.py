@@ -20,8 +20,8 @@ class WallClockTimeout(AsyncWrapper):
     `truncated=True`, reward 0.0 and `info["error"]` starting with "timeout", so trainers
     drop the episode (see `ErrorFilter`) instead of learning from a cut-off rollout.
 
-    >>> from orchard_gym.wrappers import ToyEnv, WallClockTimeout
-    >>> env = WallClockTimeout(ToyEnv(length=5, delay=0.2), max_seconds=0.3)
+    >>> from orchard_gym.wrappers import EchoEnv, WallClockTimeout
+    >>> env = WallClockTimeout(EchoEnv(length=5, delay=0.2), max_seconds=0.3)
     >>> _ = env.reset(seed=0)
     >>> env.step("a")[:4]
     ('a', 0.0, False, False)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from orchard_gym.envs.swe.venvs import cache_root, ensure_venv
 
-from .tasks import ClawTask
+from .task_model import ClawTask
 
 AGENTDOJO_REQUIREMENT = "agentdojo==0.1.35"
 SERVICE = Path(__file__).parent / "sandbox" / "agentdojo_service.py"

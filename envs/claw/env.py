@@ -93,7 +93,7 @@ class ClawEnv(SandboxEnv):
                  judge: str | None = None, judge_api_key: str | None = None,
                  max_steps: int = 40, exec_timeout: float = 60.0,
                  sandbox_cpu: float | None = 2.0, sandbox_memory: str | int | None = "2g", **kwargs: Any):
-        self._tasks: dict[str, ClawTask] = load_tasks(tasks)
+        self._tasks = self.tasks_from(tasks=tasks)
         # the papers' Claw sandboxes: 2 vCPU / 2 GiB (None: the backend's default)
         self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
         self.with_bash, self.image = bash, image
@@ -112,6 +112,10 @@ class ClawEnv(SandboxEnv):
         if self.with_bash:
             tools.append(BashTool())
         return tools + [SubmitTool()]
+
+    @classmethod
+    def tasks_from(cls, *, tasks: Any = "builtin", **_: Any) -> dict[str, ClawTask]:
+        return load_tasks(tasks)
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)

@@ -88,7 +88,7 @@ class GUIEnv(SandboxEnv):
         if not (settle == "frame" or (isinstance(settle, (int, float)) and 0 <= settle <= 5)):
             raise gym.error.Error(f"settle must be 'frame' or seconds in [0, 5], not {settle!r}")
         try:
-            self._tasks = load_tasks(tasks)
+            self._tasks = self.tasks_from(tasks=tasks)
         except ValueError as e:
             raise gym.error.Error(str(e)) from None
         self.width, self.height = int(width), int(height)
@@ -112,6 +112,10 @@ class GUIEnv(SandboxEnv):
     # ------------------------------------------------------------------ hooks
     def make_tools(self) -> list[Tool]:
         return gui_tools.make_tools()
+
+    @classmethod
+    def tasks_from(cls, *, tasks: Any = "builtin", **_: Any) -> dict[str, GUITask]:
+        return load_tasks(tasks)
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)

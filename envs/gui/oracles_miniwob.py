@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .oracles import OracleError, Page, find, key, oracle, quoted, type_
+from .oracle_page import OracleError, Page, find, key, oracle, quoted, type_
 
 
 async def _submit(p: Page, selector: str = "#area button"):

@@ -146,10 +146,7 @@ class HarborEnv(SandboxEnv):
         self._tasks, self.problems = load_tasks(tasks)
         for problem in self.problems:  # one line each: skipped tasks, and caveats (unknown keys, ...)
             log.warning("Harbor task %s: %s", "skipped" if problem.severity == "error" else "caveat", problem)
-        if not self._tasks:
-            reasons = "; ".join(str(p) for p in self.problems if p.severity == "error")[:2000]
-            raise ValueError(f"no Harbor task in {tasks!r} can run" + (f": {reasons}" if reasons else
-                                                                        " (no folder with a task.toml)"))
+        _some_can_run(tasks, self._tasks, self.problems)
         self._images: dict[str, str] = {}
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, snapshot_setup=bool(snapshot_setup), **kwargs)
         # None: snapshot the set-up on local (the Dockerfile's steps ran there); on docker the image is the cache
@@ -163,6 +160,12 @@ class HarborEnv(SandboxEnv):
         if kwargs.get("base_url") is not None:
             return kwargs
         return {**kwargs, "backend": hide_task_folders(kwargs.get("backend"), [t.root for t in self._tasks.values()])}
+
+    @classmethod
+    def tasks_from(cls, *, tasks: Any, **_: Any) -> dict[str, HarborTask]:
+        found, problems = load_tasks(tasks)
+        _some_can_run(tasks, found, problems)
+        return found
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
@@ -386,6 +389,13 @@ class HarborOraclePolicy:
         if not any(m["role"] == "assistant" for m in messages):
             return {"name": "bash", "arguments": {"command": self.command()}}
         return {"name": "submit", "arguments": {}}
+
+
+def _some_can_run(source: Any, tasks: dict, problems: list) -> None:
+    if not tasks:
+        reasons = "; ".join(str(p) for p in problems if p.severity == "error")[:2000]
+        raise ValueError(f"no Harbor task in {source!r} can run" + (f": {reasons}" if reasons else
+                                                                   " (no folder with a task.toml)"))
 
 
 def load_harbor(source: str) -> dict[str, HarborTask]:

@@ -61,6 +61,7 @@ from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
 from .evaluation import GIT, MAX_PATCH_BYTES, TestRun, run_tests, scratch_path, submitted_patch
 from .image_eval import eval_script, run_eval_script
+from .oracle import SWEOraclePolicy
 from .protected import ProtectedPaths, base_names
 from .tamper_scan import exempt, scan
 from .tasks import SWETask, load_tasks
@@ -111,8 +112,7 @@ class SWEEnv(SandboxEnv):
         for name, value in (("split", split), ("image_prefix", image_prefix), ("dataset", dataset)):
             if value is not None and (not isinstance(value, str) or not value.strip()):
                 raise gym.error.Error(f"{name} must be a non-empty string or None, not {value!r}")
-        self._tasks = tasks if isinstance(tasks, dict) else \
-            load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
+        self._tasks = self.tasks_from(tasks=tasks, split=split, image_prefix=image_prefix, dataset=dataset)
         self.runtime = runtime
         self.test_timeout = test_timeout
         self.grade_in_place, self.reference_check = grade_in_place, reference_check
@@ -122,6 +122,11 @@ class SWEEnv(SandboxEnv):
     # ------------------------------------------------------------------ hooks
     def make_tools(self) -> list[Tool]:
         return [BashTool(), EditorTool(), SubmitTool()]
+
+    @classmethod
+    def tasks_from(cls, *, tasks: str | Path | dict[str, SWETask] = "builtin", split: str | None = None,
+                   image_prefix: str | None = None, dataset: str | None = None, **_: Any) -> dict[str, SWETask]:
+        return tasks if isinstance(tasks, dict) else load_tasks(tasks, split, image_prefix=image_prefix, dataset=dataset)
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
@@ -193,6 +198,10 @@ class SWEEnv(SandboxEnv):
             raise OrchardError(f"setting up {task.instance_id} in {task.image} failed ({r.exit_code}): "
                                f"{(r.stdout + r.stderr)[-2000:]}")
         return ToolContext(sandbox=sandbox, cwd=repo, env=env, timeout=self.exec_timeout)
+
+    def oracle_policy(self) -> SWEOraclePolicy:
+        """The gold patch, then submit (`orchard eval --policy oracle`)."""
+        return SWEOraclePolicy()
 
     def first_observation(self, task: SWETask) -> str:
         # no sandbox-specific path here: the same seed must give the same first observation

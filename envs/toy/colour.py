@@ -53,9 +53,13 @@ class ColourEnv(ToyEnv):
         self.colours = dict(colours or COLOURS)
         self.size = size
         kwargs.pop("tasks", None)
-        super().__init__(tasks=colour_tasks(self.colours), max_steps=max_steps, **kwargs)
+        super().__init__(tasks=self.tasks_from(colours=self.colours), max_steps=max_steps, **kwargs)
         self.observation_space = spaces.Dict({"screenshot": spaces.Box(0, 255, (size, size, 3), np.uint8),
                                               "text": UnicodeText(self.observation_space.max_length)})
+
+    @classmethod
+    def tasks_from(cls, *, colours: dict[str, tuple[int, int, int]] | None = None, **_: Any) -> dict:
+        return colour_tasks(dict(colours or COLOURS))
 
     def _picture(self) -> np.ndarray:
         return square(self.colours[self.task.answer], self.size)

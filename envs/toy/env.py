@@ -102,15 +102,21 @@ class ToyEnv(SandboxEnv):
     def __init__(self, *, kinds: Sequence[str] = KINDS, num_tasks: int = 24, seed: int = 0,
                  variety: int = len(NAMES), tasks: dict[str, ToyTask] | None = None, max_steps: int = 8,
                  exec_timeout: float = 30.0, **kwargs: Any):
-        if tasks == "builtin":  # what `orchard eval --tasks` passes by default
-            tasks = None
-        elif tasks is not None and not isinstance(tasks, dict):
-            raise ValueError("Toy tasks are a dict of task id -> ToyTask (or 'builtin')")
-        self._tasks = tasks if tasks is not None else make_tasks(kinds, num_tasks, seed, variety)
+        # ToyEnv's own reading of these kwargs (a subclass, e.g. ColourEnv, passes its tasks in)
+        self._tasks = ToyEnv.tasks_from(kinds=kinds, num_tasks=num_tasks, seed=seed, variety=variety, tasks=tasks)
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
 
     def make_tools(self) -> list[Tool]:
         return [BashTool(), SubmitTool()]
+
+    @classmethod
+    def tasks_from(cls, *, kinds: Sequence[str] = KINDS, num_tasks: int = 24, seed: int = 0, variety: int = len(NAMES),
+                   tasks: dict[str, ToyTask] | str | None = None, **_: Any) -> dict[str, ToyTask]:
+        if tasks == "builtin":  # what `orchard eval --tasks` passes by default
+            tasks = None
+        elif tasks is not None and not isinstance(tasks, dict):
+            raise ValueError("Toy tasks are a dict of task id -> ToyTask (or 'builtin')")
+        return tasks if tasks is not None else make_tasks(kinds, num_tasks, seed, variety)
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
