@@ -258,7 +258,7 @@ class AgentRolloutFunc:
         self.last_slots = slots
         seconds = time.monotonic() - started
         samples = [s for slot in slots for s in slot.samples]
-        self.last_images = [s.images for s in samples]  # for VisionGRPOTrainer's loss pass
+        self.last_images = [s.images for s in samples]  # for the vision_images hook's loss pass
         if self.trajectories_path is not None:  # the step's episodes, for `orchard view`
             with open(self.trajectories_path, "a") as f:
                 for s in samples:

@@ -11,7 +11,7 @@ sequence, and the pixels travel next to it:
     env_mask        = 1..1  0 ........................ 0   1..1      (images are observations: never trained)
 
 Generation passes the episode's images to `model.generate`; the loss pass gets them
-through `VisionGRPOTrainer`, which adds `pixel_values`/`num_images` to the batch TRL
+through the `vision_images` trainer hook (algos/grpo_trainer.py), which adds `pixel_values`/`num_images` to the batch TRL
 built from our `rollout_func` (TRL's own image handling only covers dataset prompts and
 its tool loop).
 
