@@ -54,7 +54,8 @@ def make_scorers(args, make_env: Callable, tokenizer) -> tuple[Callable, list]:
 
 
 def trainer_class(args):
-    """TRL's GRPOTrainer, or its OPD subclass (per-token advantages)."""
+    """Deprecated (grpo.build_trainer composes hooks on one subclass, algos/grpo_trainer.py):
+    TRL's GRPOTrainer, or the agent trainer with the OPD hook (per-token advantages)."""
     if args.opd is not None:
         from .opd import opd_trainer_class
 

@@ -191,6 +191,16 @@ class SlotResult:
         return self.trained and index < len(self.samples) - self.padding
 
 
+def draw_task(task_pool: Sequence[str], rng: random.Random, in_batch: set[str], tried: set[str]) -> str:
+    """A replacement task for dynamic sampling: one not in the batch if possible, else one not
+    tried for this slot."""
+    for pool in ([t for t in task_pool if t not in in_batch and t not in tried],
+                 [t for t in task_pool if t not in tried], list(task_pool)):
+        if pool:
+            return rng.choice(pool)
+    raise ValueError("no training tasks")
+
+
 class AgentRolloutFunc:
     """TRL `rollout_func`: `(prompts, trainer) -> dict` of token ids, masks and rewards.
 
@@ -250,7 +260,7 @@ class AgentRolloutFunc:
         self.last_slots = slots
         seconds = time.monotonic() - started
         samples = [s for slot in slots for s in slot.samples]
-        self.last_images = [s.images for s in samples]  # for VisionGRPOTrainer's loss pass
+        self.last_images = [s.images for s in samples]  # for the vision_images hook's loss pass
         if self.trajectories_path is not None:  # the step's episodes, for `orchard view`
             with open(self.trajectories_path, "a") as f:
                 for s in samples:
@@ -284,12 +294,7 @@ class AgentRolloutFunc:
         return list(await asyncio.gather(*(self._slot(t, max_steps, in_batch) for t in task_ids)))
 
     def _draw(self, in_batch: set[str], tried: set[str]) -> str:
-        """A replacement task: one not in the batch if possible, else one not tried for this slot."""
-        for pool in ([t for t in self.task_pool if t not in in_batch and t not in tried],
-                     [t for t in self.task_pool if t not in tried], self.task_pool):
-            if pool:
-                return self.rng.choice(pool)
-        raise ValueError("no training tasks")
+        return draw_task(self.task_pool, self.rng, in_batch, tried)
 
     async def _slot(self, task_id: str, max_steps: int, in_batch: set[str]) -> SlotResult:
         g = self.args.group_size
@@ -482,23 +487,56 @@ def _finite(row: dict) -> dict:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
 
 
+def model_context(model) -> int | None:
+    """The policy's context length (a vision-language model's text side), if it says."""
+    model_config = getattr(model, "config", None)
+    return getattr(getattr(model_config, "text_config", model_config), "max_position_embeddings", None)
+
+
+def trainer_hooks(args: AgentGRPOArgs, source, tokenizer) -> list:
+    """The trainer hooks for this run, in order (algos/grpo_trainer.py): the rollout source's own
+    (e.g. the harness's advantages, which replace TRL's), then OPD's per-token term, then images."""
+    from .vision import is_vision_processor
+
+    hooks = list(source.trainer_hooks()) if hasattr(source, "trainer_hooks") else []
+    vision = is_vision_processor(tokenizer)
+    if args.opd is not None:
+        if vision:
+            raise ValueError("OPD is not supported with a vision-language policy yet (its teacher scores text tokens)")
+        from .opd import opd_advantages
+
+        hooks.append(opd_advantages)
+    if vision:
+        from .vision import vision_images
+
+        hooks.append(vision_images)
+    return hooks
+
+
 def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Callable | None = None,
                   task_ids: Sequence[str] | None = None, metrics_path: str | Path | None = None,
-                  callbacks: Sequence = ()):
-    """A TRL `GRPOTrainer` whose completions are sandboxed episodes. Returns (trainer, rollout_func)."""
+                  callbacks: Sequence = (), source=None):
+    """A TRL `GRPOTrainer` whose completions are sandboxed episodes. Returns (trainer, rollout source).
+
+    `source`: the rollout source TRL calls (`rollout_func`): by default `AgentRolloutFunc` (the
+    model plays the env's episodes itself); `harness_grpo.HarnessRolloutFunc` plugs harness runs in.
+    A source has `task_pool`, `pop_stats()`, `close()` and optionally `trainer_hooks()`."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
-    from .dense import trainer_class
 
-    from .vision import is_vision_processor, vision_trainer_class
+    from .grpo_trainer import agent_trainer_class
 
     silence_none_reward_warning()
     text_tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a vision-language processor's tokenizer
     if text_tokenizer.pad_token is None:
         text_tokenizer.pad_token = text_tokenizer.eos_token
-    model_config = getattr(model, "config", None)
-    max_context = getattr(getattr(model_config, "text_config", model_config), "max_position_embeddings", None)
-    rollout = AgentRolloutFunc(args, tokenizer, make_env=make_env, task_ids=task_ids, max_context=max_context)
+    rollout = source if source is not None else AgentRolloutFunc(args, tokenizer, make_env=make_env,
+                                                                  task_ids=task_ids, max_context=model_context(model))
+    try:
+        hooks = trainer_hooks(args, rollout, tokenizer)
+    except ValueError:
+        rollout.close()
+        raise
     ids = list(rollout.task_pool)
     while len(ids) < args.prompts_per_step:
         ids += rollout.task_pool
@@ -506,14 +544,8 @@ def build_trainer(model, tokenizer, args: AgentGRPOArgs, config, *, make_env: Ca
     cbs = list(callbacks)
     if metrics_path is not None:
         cbs.append(MetricsCallback(metrics_path, rollout))
-    if is_vision_processor(tokenizer):
-        if args.opd is not None:
-            raise ValueError("OPD is not supported with a vision-language policy yet (its teacher scores text tokens)")
-        grpo_class = vision_trainer_class()
-    else:
-        grpo_class = trainer_class(args)  # TRL's GRPOTrainer, or the OPD subclass (per-token advantages)
-    trainer = grpo_class(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
-                         processing_class=tokenizer, rollout_func=rollout, callbacks=cbs)
+    trainer = agent_trainer_class()(model=model, reward_funcs=[env_reward], args=config, train_dataset=dataset,
+                                    processing_class=tokenizer, rollout_func=rollout, callbacks=cbs, hooks=hooks)
     return trainer, rollout
 
 

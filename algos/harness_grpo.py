@@ -17,11 +17,18 @@ being trained answers them. Every answered call is one training sample:
   the terminal rewards r_T of the group's usable runs, sample t of a run gets
   A_t = (r_t − μ) / (σ + 1e-4), and 0 when σ = 0 (a group with no signal).
 
+`HarnessRolloutFunc` is a rollout source plugged into the one GRPO path (`grpo.build_trainer`):
 TRL's `GRPOTrainer` does the rest (clipped loss eps_low/eps_high, DAPO token aggregation,
-optimiser) through `algos/grpo.py`'s config. TRL needs a fixed number of rows per group:
-a group is `group_size × max_calls` rows (a run answers at most `max_calls` calls); rows no
-sample fills are padding with a zero mask. TRL's own per-row advantage (its groups of rows
-are not our groups of runs) is replaced by the one above (`HarnessGRPOTrainer`, one hook).
+optimiser) through `algos/grpo.py`'s config and trainer. TRL needs a fixed number of rows per
+group: a group is `group_size × max_calls` rows (a run answers at most `max_calls` calls); rows
+no sample fills are padding with a zero mask. TRL's own per-row advantage (its groups of rows
+are not our groups of runs) is replaced by the one above (the `harness_advantages` trainer hook).
+
+Shared flags: the step-budget curriculum caps the calls a run answers (at most `max_calls`);
+dynamic sampling replaces a group whose usable runs all got the same reward with a fresh
+prompt's group (up to `max_resamples` times; a group still without signal is not trained on);
+OPD (with the outcome reward) adds its per-token term to these advantages. Refused: BAR,
+`opd.only`, RPR and `branch_at` (see `HarnessGRPOArgs`).
 
     from orchard_gym.algos.harness_grpo import HarnessGRPOArgs, train
     train(HarnessGRPOArgs(env_id="Orchard/Toy-v0", harness="mini-swe-agent", group_size=2, prompts_per_step=1,
@@ -45,8 +52,8 @@ from orchard_gym.envs.actions import tagged_tool_calls
 
 from .agent_rollout import BatchedGenerator
 from .chat_render import ChatRenderer
-from .grpo import (AgentGRPOArgs, MetricsCallback, client_kwargs, env_reward, make_grpo_config,
-                   prepare_run_dir, silence_none_reward_warning, train_and_summarise)
+from .grpo import (AgentGRPOArgs, build_trainer as build_grpo_trainer, client_kwargs, draw_task, make_grpo_config,
+                   model_context, parse_step_budget, prepare_run_dir, step_budget_at, train_and_summarise)
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +78,16 @@ class HarnessGRPOArgs(AgentGRPOArgs):
             raise ValueError("gamma must be in [0, 1]")
         if self.algo != "grpo":
             raise ValueError("harness GRPO samples fixed groups (algo='grpo')")
+        # what the harness path cannot do yet is refused, never silently ignored
+        if self.branch_at is not None:
+            raise ValueError("--branch-at does not combine with --harness: a harness process cannot be forked "
+                             "mid-run")
+        if self.rpr is not None:
+            raise ValueError("--rpr-judge does not combine with --harness yet: the judge reads our own episodes' "
+                             "turns, not a harness's recorded calls")
+        if self.opd is not None and self.opd.only:
+            raise ValueError("--opd-only does not combine with --harness yet (a harness run is graded); "
+                             "use --opd-teacher with the outcome reward")
 
     @property
     def rows_per_group(self) -> int:
@@ -87,6 +104,19 @@ def parse_completion(text: str) -> dict:
             "tool_calls": [tool_call({"name": c.name, "arguments": c.arguments}) for c in calls]}
 
 
+def harness_advantages(trainer, output: dict) -> dict:
+    """Trainer hook (algos/grpo_trainer.py): TRL's per-row advantages replaced by the ones over
+    the group's runs (see the module docstring)."""
+    import torch
+
+    ours = trainer.rollout_func.pop_advantages()
+    if ours is None or len(ours) != output["advantages"].shape[0]:
+        raise RuntimeError(f"harness advantages missing or misaligned ({None if ours is None else len(ours)} "
+                           f"for {output['advantages'].shape[0]} rows)")
+    output["advantages"] = torch.tensor(ours, dtype=output["advantages"].dtype, device=output["advantages"].device)
+    return output
+
+
 @dataclass
 class HarnessRunResult:
     task_id: str
@@ -101,9 +131,22 @@ class ContextFull(RuntimeError):
     """The harness's request does not fit the model's context."""
 
 
+@dataclass
+class HarnessGroup:
+    """One group slot of a batch: the runs it trains on, after any replacements."""
+
+    runs: list[HarnessRunResult]
+    resamples: int = 0
+    trained: bool = True
+
+    @property
+    def informative(self) -> bool:
+        return len({r.reward for r in self.runs if r.error is None}) > 1
+
+
 class HarnessRolloutFunc:
-    """TRL `rollout_func`: each distinct prompt (task id) gets `group_size` harness runs;
-    their samples are the rows (see the module docstring)."""
+    """TRL `rollout_func` (a rollout source of `grpo.build_trainer`): each distinct prompt (task
+    id) gets `group_size` harness runs; their samples are the rows (see the module docstring)."""
 
     def __init__(self, args: HarnessGRPOArgs, tokenizer, *, task_ids: list[str] | None = None,
                  max_context: int | None = None, make_env=None):
@@ -121,10 +164,13 @@ class HarnessRolloutFunc:
         if not task_ids:
             raise ValueError("no training tasks")
         self.task_pool = list(task_ids)
-        # make_env(client, proxy) -> HarnessEnv; default: the registered env with `harness=`
-        self.make_env = make_env or (lambda client, proxy: self.spec.make(
-            harness=args.harness, client=client, proxy=proxy, max_steps=args.max_calls,
+        # make_env(client, proxy, max_calls=N) -> HarnessEnv; default: the registered env with `harness=`
+        self.make_env = make_env or (lambda client, proxy, max_calls=args.max_calls: self.spec.make(
+            harness=args.harness, client=client, proxy=proxy, max_steps=max_calls,
             max_seconds=args.max_seconds, **args.env_kwargs).unwrapped)
+        from .dense import make_scorers
+
+        _, self.scorers = make_scorers(args, self.make_env, tokenizer)  # OPD (RPR and OPD-only are refused)
         self.renderer = ChatRenderer(tokenizer, render_tools=args.render_tools)
         self.max_context = max_context
         self._model = None
@@ -134,7 +180,9 @@ class HarnessRolloutFunc:
         self.client = None
         self.pending_stats: list[dict] = []
         self.last_runs: list[HarnessRunResult] = []
+        self.last_groups: list[HarnessGroup] = []
         self.last_rows: dict[str, list] = {}
+        self.last_output: dict[str, list] = {}
         self.last_advantages: list[float] = []
         self._advantages: list[float] | None = None
         self.__name__ = "harness_rollout"
@@ -149,14 +197,26 @@ class HarnessRolloutFunc:
             raise ValueError(f"{len(prompts)} prompts do not split into groups of {rows}")
         slots = [str(prompts[i]) for i in range(0, len(prompts), rows)]
         self._model = trainer.accelerator.unwrap_model(trainer.model)
-        return self.rollout(slots, step=trainer.state.global_step)
+        schedule = parse_step_budget(self.args.step_budget, max(trainer.state.max_steps, 1))
+        calls = min(step_budget_at(schedule, trainer.state.global_step), self.args.max_calls)
+        return self.rollout(slots, step=trainer.state.global_step, max_calls=calls)
 
-    def rollout(self, task_ids: list[str], step: int = 0) -> dict[str, list]:
+    def trainer_hooks(self) -> list:
+        return [harness_advantages]
+
+    def rollout(self, task_ids: list[str], step: int = 0, max_calls: int | None = None) -> dict[str, list]:
+        """Runs for each slot (calls per run: the step budget, at most `max_calls`), then the rows."""
         started = time.monotonic()
-        groups = LoopThread.shared().run(self._collect(task_ids))
-        out = self.rows(groups)
-        self.last_runs = [r for g in groups for r in g]
-        self.pending_stats.append(self._stats(groups, out, time.monotonic() - started, step))
+        calls = min(max_calls or self.args.max_calls, self.args.max_calls)
+        slots = LoopThread.shared().run(self._collect(task_ids, calls))
+        out = self.rows(slots)
+        self.last_groups = slots
+        self.last_runs = [r for g in slots for r in g.runs]
+        self.pending_stats.append(self._stats(slots, out, time.monotonic() - started, step, calls))
+        trained = [any(m) for m in out["env_mask"]]
+        for scorer in self.scorers:  # OPD: per-token signal rows (may drop rows the teacher failed on)
+            self.pending_stats[-1].update(scorer(out, self.last_runs, trained, self._model))
+        self.last_output = out
         return out
 
     def pop_advantages(self) -> list[float] | None:
@@ -164,14 +224,18 @@ class HarnessRolloutFunc:
         return adv
 
     # ------------------------------------------------------------------ rows and advantages
-    def rows(self, groups: list[list[HarnessRunResult]]) -> dict[str, list]:
+    def rows(self, groups: list[HarnessGroup] | list[list[HarnessRunResult]]) -> dict[str, list]:
         """Each group's samples then padding, `rows_per_group` rows a group; advantages kept
-        for the trainer's hook."""
+        for the trainer's hook. A group not trained on (no signal after dynamic sampling) keeps
+        its rows with a zero mask and no reward."""
         n = self.args.rows_per_group
         out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask", "env_reward",
                                                 "task_id")}
         advantages: list[float] = []
-        for group in groups:
+        for slot in groups:
+            if not isinstance(slot, HarnessGroup):
+                slot = HarnessGroup(runs=list(slot))
+            group = slot.runs
             usable = [r for r in group if r.error is None]
             terminal = [r.reward for r in usable]
             mu = sum(terminal) / len(terminal) if terminal else 0.0
@@ -187,10 +251,10 @@ class HarnessRolloutFunc:
                     out["completion_ids"].append(list(comp))
                     out["logprobs"].append([float(lp.get("logprob", 0.0)) for lp in s.logprobs or []]
                                            or [0.0] * len(comp))
-                    out["env_mask"].append([1] * len(comp))
-                    out["env_reward"].append(s.reward)
+                    out["env_mask"].append([int(slot.trained)] * len(comp))
+                    out["env_reward"].append(s.reward if slot.trained else None)
                     out["task_id"].append(run.task_id)
-                    advantages.append((s.reward - mu) / (sigma + 1e-4) if sigma > 0 else 0.0)
+                    advantages.append((s.reward - mu) / (sigma + 1e-4) if sigma > 0 and slot.trained else 0.0)
                     filled += 1
             if filled > n:
                 raise RuntimeError(f"{filled} samples for a group of {n} rows (max_calls not enforced?)")
@@ -224,22 +288,40 @@ class HarnessRolloutFunc:
             await self.proxy.start()
             self.client = AsyncSandboxClient(**client_kwargs(self.args))
 
-    async def _collect(self, task_ids: list[str]) -> list[list[HarnessRunResult]]:
+    async def _collect(self, task_ids: list[str], max_calls: int | None = None) -> list[HarnessGroup]:
         await self._ensure_started()
         gate = asyncio.Semaphore(self.args.concurrency)
         self.generator.active = 0
+        calls = max_calls or self.args.max_calls
+        in_batch = set(task_ids)
 
         async def guarded(task_id: str) -> HarnessRunResult:
             async with gate:
                 self.generator.active += 1
                 try:
-                    return await self.run_one(task_id)
+                    return await self.run_one(task_id, calls)
                 finally:
                     self.generator.active -= 1
 
-        g = self.args.group_size
-        flat = await asyncio.gather(*(guarded(t) for t in task_ids for _ in range(g)))
-        return [list(flat[i * g:(i + 1) * g]) for i in range(len(task_ids))]
+        async def slot(task_id: str) -> HarnessGroup:
+            tried: set[str] = set()
+            resamples = 0
+            while True:
+                group = HarnessGroup(runs=list(await asyncio.gather(*(guarded(task_id)
+                                                                      for _ in range(self.args.group_size)))))
+                if group.informative or not self.args.dynamic_sampling:
+                    break
+                if resamples >= self.args.max_resamples:  # still no signal: not trained on (as in grpo.py)
+                    group.trained = False
+                    break
+                resamples += 1  # DAPO dynamic sampling: a fresh prompt's group instead
+                tried.add(task_id)
+                task_id = draw_task(self.task_pool, self.rng, in_batch, tried)
+                in_batch.add(task_id)
+            group.resamples = resamples
+            return group
+
+        return list(await asyncio.gather(*(slot(t) for t in task_ids)))
 
     async def _answer(self, info: dict) -> tuple[dict, dict]:
         """Tokenise the harness's request once, generate, parse: (message, recorded tokens)."""
@@ -256,8 +338,10 @@ class HarnessRolloutFunc:
                             "total_tokens": len(prompt_ids) + len(ids)}}
         return parse_completion(text), tokens
 
-    async def run_one(self, task_id: str) -> HarnessRunResult:
-        env = self.make_env(self.client, self.proxy)
+    async def run_one(self, task_id: str, max_calls: int | None = None) -> HarnessRunResult:
+        calls = max_calls or self.args.max_calls
+        env = (self.make_env(self.client, self.proxy) if calls == self.args.max_calls
+               else self.make_env(self.client, self.proxy, max_calls=calls))
         started = time.monotonic()
         error = None
         try:
@@ -285,8 +369,8 @@ class HarnessRolloutFunc:
             await env.aclose()
 
     # ------------------------------------------------------------------ statistics
-    def _stats(self, groups, out: dict, seconds: float, step: int) -> dict:
-        runs = [r for g in groups for r in g]
+    def _stats(self, groups: list[HarnessGroup], out: dict, seconds: float, step: int, max_calls: int) -> dict:
+        runs = [r for g in groups for r in g.runs]
         usable = [r for r in runs if r.error is None]
         samples = sum(len(r.samples) for r in usable)
         adv = [a for a, m in zip(self._advantages or [], out["env_mask"], strict=True) if any(m)]
@@ -299,7 +383,10 @@ class HarnessRolloutFunc:
             "rollout/reward_mean": _mean([r.reward for r in usable]),
             "rollout/success_rate": _mean([float(r.reward > 0) for r in usable]),
             "rollout/calls_per_run": _mean([r.calls for r in runs]),
-            "rollout/informative_groups": sum(1 for g in groups if len({r.reward for r in g if r.error is None}) > 1),
+            "rollout/informative_groups": sum(1 for g in groups if g.informative),
+            "rollout/groups_trained": sum(1 for g in groups if g.trained),
+            "rollout/resamples": sum(g.resamples for g in groups),
+            "rollout/step_budget": max_calls,
             "rollout/advantage_abs_mean": _mean([abs(a) for a in adv]),
             "rollout/seconds": seconds,
         }
@@ -317,6 +404,8 @@ class HarnessRolloutFunc:
             self.proxy = None
 
     def close(self) -> None:
+        for scorer in self.scorers:
+            scorer.close()
         LoopThread.shared().run(self.aclose())
 
 
@@ -325,43 +414,12 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _trainer_class():
-    """`GRPOTrainer` with our advantages (built lazily: no TRL import at module import)."""
-    import torch
-    from trl import GRPOTrainer
-
-    class HarnessGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            ours = self.rollout_func.pop_advantages()
-            if ours is None or len(ours) != output["advantages"].shape[0]:
-                raise RuntimeError(f"harness advantages missing or misaligned ({None if ours is None else len(ours)} "
-                                   f"for {output['advantages'].shape[0]} rows)")
-            output["advantages"] = torch.tensor(ours, dtype=output["advantages"].dtype,
-                                                device=output["advantages"].device)
-            return output
-
-    return HarnessGRPOTrainer
-
-
 def build_trainer(model, tokenizer, args: HarnessGRPOArgs, config, *, task_ids: list[str] | None = None,
                   metrics_path: str | Path | None = None, make_env=None):
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    from datasets import Dataset
-
-    silence_none_reward_warning()
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    max_context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
-    rollout = HarnessRolloutFunc(args, tokenizer, task_ids=task_ids, max_context=max_context, make_env=make_env)
-    ids = list(rollout.task_pool)
-    while len(ids) < args.prompts_per_step:
-        ids += rollout.task_pool
-    callbacks = [MetricsCallback(metrics_path, rollout)] if metrics_path is not None else []
-    trainer = _trainer_class()(model=model, reward_funcs=[env_reward], args=config,
-                               train_dataset=Dataset.from_dict({"prompt": ids}), processing_class=tokenizer,
-                               rollout_func=rollout, callbacks=callbacks)
-    return trainer, rollout
+    """`grpo.build_trainer` with harness runs as its rollout source. Returns (trainer, rollout source)."""
+    source = HarnessRolloutFunc(args, tokenizer, task_ids=task_ids, max_context=model_context(model),
+                                make_env=make_env)
+    return build_grpo_trainer(model, tokenizer, args, config, metrics_path=metrics_path, source=source)
 
 
 def grpo_config(output_dir: str | Path, args: HarnessGRPOArgs, *, steps: int, learning_rate: float = 1e-6,

@@ -8,7 +8,7 @@ estimate
     d_t = log pi_T(a_t | h_t) - log pi_theta(a_t | h_t)     on action tokens, 0 on observation tokens
 
 and it enters TRL's GRPO loss as a per-token advantage (TRL 1.16 accepts advantages of
-shape (B, T) in `_compute_loss`; `opd_trainer_class()` adds them after TRL's own scoring):
+shape (B, T) in `_compute_loss`; the `opd_advantages` trainer hook adds them after TRL's own scoring):
 
     A_{i,t} = A_i + coef * d_{i,t}      (with the outcome reward)
     A_{i,t} =       coef * d_{i,t}      (`only=True`: no outcome reward, grading skipped)
@@ -330,19 +330,22 @@ def dense_advantages(advantages, signal_rows: Sequence[Sequence[float]], width: 
     return base + coef * signal
 
 
+def opd_advantages(trainer, output: dict) -> dict:
+    """Trainer hook (algos/grpo_trainer.py): the OPD per-token term added to the batch's advantages
+    (TRL 1.16 takes (B, T) advantages)."""
+    source = trainer.rollout_func
+    rows = (getattr(source, "last_output", None) or {}).get("opd_signal")
+    if rows is None or len(rows) != output["completion_ids"].shape[0]:
+        raise RuntimeError("the rollout did not provide one OPD signal row per completion")
+    cfg = source.args.opd
+    output["advantages"] = dense_advantages(output["advantages"], rows, output["completion_ids"].shape[1],
+                                            coef=cfg.coef, only=cfg.only)
+    return output
+
+
 def opd_trainer_class():
-    """GRPOTrainer whose advantages gain the OPD per-token term (TRL 1.16 takes (B, T) advantages)."""
-    from trl import GRPOTrainer
+    """Deprecated: the agent trainer with the OPD hook alone (`grpo_trainer.agent_trainer_class()`
+    with `hooks=[opd_advantages, ...]` combines it with others)."""
+    from .grpo_trainer import trainer_with
 
-    class OPDGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            rows = (getattr(self.rollout_func, "last_output", None) or {}).get("opd_signal")
-            if rows is None or len(rows) != output["completion_ids"].shape[0]:
-                raise RuntimeError("the rollout did not provide one OPD signal row per completion")
-            cfg = self.rollout_func.args.opd
-            output["advantages"] = dense_advantages(output["advantages"], rows, output["completion_ids"].shape[1],
-                                                    coef=cfg.coef, only=cfg.only)
-            return output
-
-    return OPDGRPOTrainer
+    return trainer_with(opd_advantages)

@@ -11,7 +11,7 @@ sequence, and the pixels travel next to it:
     env_mask        = 1..1  0 ........................ 0   1..1      (images are observations: never trained)
 
 Generation passes the episode's images to `model.generate`; the loss pass gets them
-through `VisionGRPOTrainer`, which adds `pixel_values`/`num_images` to the batch TRL
+through the `vision_images` trainer hook (algos/grpo_trainer.py), which adds `pixel_values`/`num_images` to the batch TRL
 built from our `rollout_func` (TRL's own image handling only covers dataset prompts and
 its tool loop).
 
@@ -102,28 +102,27 @@ def make_renderer(processing_class, **kwargs) -> ChatRenderer:
 
 
 # ---------------------------------------------------------------------------- the trainer
+def vision_images(trainer, output: dict) -> dict:
+    """Trainer hook (algos/grpo_trainer.py): hands the loss pass the images of our episodes."""
+    images = getattr(trainer.rollout_func, "last_images", None) or []
+    if any(images):
+        if "old_per_token_logps" in output or "ref_per_token_logps" in output:
+            raise ValueError("vision GRPO computes log-probs only in the loss pass: keep num_iterations=1, "
+                             "beta=0 and steps_per_generation == gradient_accumulation_steps")
+        if len(images) != output["prompt_ids"].size(0):
+            raise RuntimeError(f"{len(images)} image lists for {output['prompt_ids'].size(0)} episodes")
+        flat = [image for row in images for image in row]
+        pixels = trainer.processing_class.image_processor(images=flat, return_tensors="pt")["pixel_values"]
+        output["pixel_values"] = pixels.to(trainer.accelerator.device, trainer.model.dtype)
+        output["num_images"] = [len(row) for row in images]
+    return output
+
+
 def vision_trainer_class():
-    """GRPOTrainer that hands the loss pass the images of our episodes (built lazily: no
-    TRL import at module import)."""
-    from trl import GRPOTrainer
+    """Deprecated: the agent trainer with the vision hook alone (see algos/grpo_trainer.py)."""
+    from .grpo_trainer import trainer_with
 
-    class VisionGRPOTrainer(GRPOTrainer):
-        def _generate_and_score_completions(self, inputs):
-            output = super()._generate_and_score_completions(inputs)
-            images = getattr(self.rollout_func, "last_images", None) or []
-            if any(images):
-                if "old_per_token_logps" in output or "ref_per_token_logps" in output:
-                    raise ValueError("vision GRPO computes log-probs only in the loss pass: keep num_iterations=1, "
-                                     "beta=0 and steps_per_generation == gradient_accumulation_steps")
-                if len(images) != output["prompt_ids"].size(0):
-                    raise RuntimeError(f"{len(images)} image lists for {output['prompt_ids'].size(0)} episodes")
-                flat = [image for row in images for image in row]
-                pixels = self.processing_class.image_processor(images=flat, return_tensors="pt")["pixel_values"]
-                output["pixel_values"] = pixels.to(self.accelerator.device, self.model.dtype)
-                output["num_images"] = [len(row) for row in images]
-            return output
-
-    return VisionGRPOTrainer
+    return trainer_with(vision_images)
 
 
 def load_policy(path: str):

@@ -529,8 +529,7 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         raise click.ClickException(f"{e}; install the train extra: pip install 'orchard-gym[train]'") from e
     backend_kwargs = _backend_kwargs(backend, api_key)
     harness_kwargs = {}
-    if harness is not None and (opd_teacher or rpr_judge or branch_at is not None):
-        raise click.UsageError("--harness does not combine with --opd-teacher / --rpr-judge / --branch-at yet")
+    _check_harness_flags(harness, system_prompt)
     if harness is not None:  # each rollout a harness run, each recorded call a sample (algos/harness_grpo.py)
         from orchard_gym.algos.harness_grpo import HarnessGRPOArgs as AgentGRPOArgs, train as run_training
 
@@ -571,6 +570,21 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
         from orchard_gym.algos.plot import plot_run
 
         click.echo(f"curves: {plot_run(run_dir)}")
+
+
+def _check_harness_flags(harness: str | None, system_prompt: str | None) -> None:
+    """Flags that only mean something with (or without) --harness are refused, never ignored; the
+    rest is checked by HarnessGRPOArgs (docs/training.md says which flags combine)."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    if harness is None:
+        given = [f"--{name.replace('_', '-')}" for name in ("gamma", "max_calls")
+                 if ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None)]
+        if given:
+            raise click.UsageError(f"{' / '.join(given)} only apply with --harness")
+    elif system_prompt is not None:
+        raise click.UsageError("--system-prompt does not combine with --harness: the harness sends its own")
 
 
 @main.command("plot")

@@ -9,6 +9,7 @@ runs has terminal rewards {1, 0, 1, error} whatever the random model generates."
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import math
 
@@ -121,3 +122,95 @@ def test_parse_completion_and_bad_args(local_root):
                        ({"gamma": 1.5}, "gamma"), ({"algo": "bar"}, "fixed groups")]:
         with pytest.raises(ValueError, match=match):
             args_for(local_root, **bad)
+
+
+# ------------------------------------------------------------------ the shared GRPO flags with --harness
+class FirstTwoDull(ToyEnv):
+    """The first two graded runs (whatever their task) get 0.0, then 1, 0, 1, ...: the batch's first
+    group carries no signal, the replacement group does."""
+
+    graded = 0
+
+    async def grade(self, ctx, task):
+        _, report = await super().grade(ctx, task)
+        type(self).graded += 1
+        n = type(self).graded
+        return (0.0 if n <= 2 else float(n % 2)), report
+
+
+def make_dull_env(client, proxy, max_calls=2):
+    return HarnessEnv(FirstTwoDull(tasks=TWO_TASKS, client=client), react(), proxy=proxy, max_steps=max_calls,
+                      max_seconds=120)
+
+
+TWO_TASKS = make_tasks(["write"], num_tasks=2)
+
+
+@pytest.mark.timeout(900)
+def test_harness_with_opd_dynamic_sampling_and_step_budget_in_one_trl_step(tiny, local_root, tmp_path):
+    """--harness --opd-teacher --dynamic-sampling --step-budget 1 in one real TRL step: the dull group is
+    replaced, every run answers 1 call (not max_calls=2), and the trained advantages are the harness's
+    group-relative ones plus coef × the teacher's per-token signal (two trainer hooks composed)."""
+    from dense_servers import TeacherServer
+    from trainer_spy import spy
+
+    from orchard_gym.algos.tiny import build_model
+
+    path, model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    teacher = build_model(tokenizer, max_position_embeddings=4096, seed=1)
+    FirstTwoDull.graded = 0
+    with TeacherServer(teacher, tokenizer) as server:
+        args = args_for(local_root, group_size=2, step_budget="1", dynamic_sampling=True, max_resamples=2,
+                        opd={"teacher": f"{server.url}#teacher", "coef": 0.5})
+        config = grpo_config(tmp_path / "run", args, steps=1, learning_rate=1e-2)
+        trainer, rollout = build_trainer(model, tokenizer, args, config, task_ids=["write-000", "write-001"],
+                                         make_env=make_dull_env, metrics_path=tmp_path / "run" / "metrics.jsonl")
+        seen = spy(trainer, lambda result: (result, copy.deepcopy(rollout.last_output),
+                                            list(rollout.last_advantages)))
+        before = [p.detach().clone() for p in model.parameters()]
+        try:
+            trainer.train()
+        finally:
+            rollout.close()
+        assert server.requests >= 1
+    result, out, harness_adv = seen[0]
+    group = rollout.last_groups[0]
+    assert group.resamples == 1 and group.trained and FirstTwoDull.graded == 4
+    assert sorted(r.reward for r in group.runs) == [0.0, 1.0]
+    assert all(len(r.samples) == 1 for r in group.runs)  # the step budget, not max_calls
+    assert len(out["prompt_ids"]) == 4 and out["env_reward"][2:] == [None, None]  # 2 samples, 2 padding rows
+    adv, mask = result["advantages"], result["completion_mask"]
+    assert adv.shape == result["completion_ids"].shape  # OPD made them per-token
+    assert any(abs(v) > 1e-3 for row in out["opd_signal"][:2] for v in row)
+    for i, row in enumerate(out["opd_signal"]):
+        n = len(row)
+        want = harness_adv[i] + 0.5 * torch.tensor(row, dtype=adv.dtype)
+        assert torch.allclose(adv[i, :n][mask[i, :n] == 1], want[mask[i, :n] == 1], atol=1e-5)
+    assert abs(harness_adv[0]) > 0.5  # group-relative over the runs, not zero
+    row = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["rollout/resamples"] == 1 and row["rollout/step_budget"] == 1 and row["rollout/groups_trained"] == 1
+    assert row["opd/scored"] == 2 and row["opd/dropped"] == 0 and row["opd/kl"] is not None
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "no update"
+
+
+@pytest.mark.parametrize("flags, why", [
+    (["--harness", "mini-swe-agent", "--branch-at", "1"], "--branch-at does not combine with --harness"),
+    (["--harness", "mini-swe-agent", "--rpr-judge", "http://x/v1#m"], "--rpr-judge does not combine with --harness"),
+    (["--harness", "mini-swe-agent", "--opd-teacher", "t", "--opd-only"], "--opd-only does not combine"),
+    (["--harness", "mini-swe-agent", "--algo", "bar"], "fixed groups"),
+    (["--harness", "mini-swe-agent", "--system-prompt", "hi"], "--system-prompt does not combine with --harness"),
+    (["--harness", "no-such"], "unknown harness"),
+    (["--gamma", "0.5"], "--gamma only apply with --harness"),
+    (["--max-calls", "3"], "--max-calls only apply with --harness"),
+])
+def test_cli_harness_flags_that_do_not_combine_are_refused(flags, why, tmp_path):
+    """Refused with a usage error (exit 2) before anything starts: no run folder, no model loaded."""
+    from click.testing import CliRunner
+
+    from orchard_gym.cli import main
+
+    run = tmp_path / "run"
+    r = CliRunner().invoke(main, ["train", "grpo", "--model", str(tmp_path), "--out", str(run), *flags])
+    assert r.exit_code == 2 and why in r.output, r.output
+    assert not run.exists()

@@ -24,7 +24,7 @@ require_module("train", "PIL")
 from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, make_grpo_config  # noqa: E402
 from orchard_gym.algos.tiny import toy_corpus  # noqa: E402
-from orchard_gym.algos.vision import VisionChatRenderer, build_tiny_vlm, load_policy  # noqa: E402
+from orchard_gym.algos.vision import VisionChatRenderer, build_tiny_vlm, load_policy, vision_images  # noqa: E402
 from orchard_gym.envs.rollout import observation_messages  # noqa: E402
 from orchard_gym.envs.toy.colour import COLOURS, ColourEnv, colour_tasks, square  # noqa: E402
 from orchard_gym.screenshots import observation_parts  # noqa: E402
@@ -93,7 +93,7 @@ def test_vlm_grpo_steps_images_masked_and_trained(tiny_vlm, local_root, tmp_path
     config = make_grpo_config(tmp_path, args, steps=2, learning_rate=1e-2)
     trainer, rollout = build_trainer(model, processor, args, config, make_env=make_env,
                                      task_ids=["colour-red", "colour-blue"])
-    assert type(trainer).__name__ == "VisionGRPOTrainer"
+    assert trainer.batch_hooks == [vision_images]  # the one agent trainer, with the images hook
     vision_calls = collections.Counter()
     captured = spy(trainer, lambda out: (out, [s for slot in rollout.last_slots for s in slot.samples]))
     model.model.vision_tower.register_forward_hook(

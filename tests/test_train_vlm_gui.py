@@ -29,7 +29,7 @@ require("gui", next((f"{t} is not installed" for t in ("Xvfb", "chromium", "xdot
 
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, make_grpo_config  # noqa: E402
-from orchard_gym.algos.vision import build_tiny_vlm, gui_corpus  # noqa: E402
+from orchard_gym.algos.vision import build_tiny_vlm, gui_corpus, vision_images  # noqa: E402
 from orchard_gym.envs.gui.env import GUIEnv  # noqa: E402
 
 torch.set_num_threads(1)
@@ -64,7 +64,7 @@ def test_vlm_grpo_on_gui_with_the_step_budget_curriculum(local_root, tmp_path):
     config = make_grpo_config(tmp_path, args, steps=2, learning_rate=1e-2)
     trainer, rollout = build_trainer(model, processor, args, config, make_env=make_env, task_ids=TASKS,
                                      metrics_path=tmp_path / "metrics.jsonl")
-    assert type(trainer).__name__ == "VisionGRPOTrainer"
+    assert trainer.batch_hooks == [vision_images]  # the one agent trainer, with the images hook
     captured = spy(trainer, lambda out: (out, [s for slot in rollout.last_slots for s in slot.samples]))
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     try:
