@@ -6,7 +6,7 @@ import json
 from collections.abc import AsyncIterator
 
 from .agent_http import AgentConnectError, AgentHTTP, AgentProtocolError, ErrorAnswer, Response
-from .errors import AgentUnavailable, AuthenticationError, FileTooLarge, InvalidRequest, OrchardError, SandboxTimeout
+from .errors import AgentUnavailable, OrchardError, SandboxTimeout, error_from_agent
 from .models import AgentEndpoint, ExecEvent, ExecRequest, ExecResult, FileInfo, PatchResult
 from .retry import RetryPolicy, retrying
 
@@ -152,12 +152,4 @@ def _raise_for_status(resp: Response) -> None:
         message = resp.json().get("error") or resp.body.decode("utf-8", "replace")
     except (ValueError, AttributeError):
         message = resp.body.decode("utf-8", "replace")
-    if resp.status == 401:
-        raise AuthenticationError(message)
-    if resp.status == 404 and "no such file" in message:
-        raise FileNotFoundError(message)
-    if resp.status == 413:
-        raise FileTooLarge(message)
-    if resp.status < 500:
-        raise InvalidRequest(f"{resp.status}: {message}")
-    raise OrchardError(f"agent error {resp.status}: {message}")
+    raise error_from_agent(resp.status, str(message))
