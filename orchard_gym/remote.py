@@ -35,7 +35,7 @@ from .errors import (
 )
 from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
                      SnapshotRecord, check_snapshot_id)
-from .rest_http import RestHTTP, RestResponse
+from .http1 import HTTP1Client, HTTPConnectError, HTTPProtocolError, Response
 from .retry import RetryPolicy, retrying
 
 error_for = error_from_answer  # the name this module gave it first (kept for callers)
@@ -73,8 +73,9 @@ class RemoteControl(SandboxControl):
                               timeout=httpx.Timeout(timeout, connect=10.0, pool=None),
                               limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool,
                                                   keepalive_expiry=30.0))
-            for _ in range(POOLS)]  # streamed routes only (exec/stream): the JSON routes use _rest
-        self._rest = RestHTTP(self.base_url, headers, max_connections=max_connections, ssl=verify or None)
+            for _ in range(POOLS)]  # streamed routes only (exec/stream): the JSON routes use _rest (http1.py)
+        self._rest = HTTP1Client(base_url=self.base_url, headers={"Accept": "application/json", **headers},
+                                 max_connections=max_connections, ssl=verify or None, peer="the orchestrator")
         self._next_pool = 0
         self._auto_heartbeat = heartbeat
         self._owned: set[str] = set()
@@ -83,7 +84,7 @@ class RemoteControl(SandboxControl):
 
     # ------------------------------------------------------------------ plumbing
     async def _request(self, method: str, path: str, *, json_body=None, params: dict | None = None,
-                       idempotent: bool = True, timeout: float | None = None) -> RestResponse:
+                       idempotent: bool = True, timeout: float | None = None) -> Response:
         try:
             async for attempt in retrying(self.retry, idempotent=idempotent):
                 with attempt:
@@ -91,9 +92,9 @@ class RemoteControl(SandboxControl):
                                                     timeout=self.timeout if timeout is None else timeout)
                     if resp.status_code == 503:
                         raise error_for(503, _body(resp))  # ServiceUnavailable: retried
-        except httpx.TimeoutException as e:
-            raise SandboxTimeout(f"the orchestrator did not answer {method} {path} in time ({type(e).__name__})") from e
-        except httpx.TransportError as e:
+        except TimeoutError as e:
+            raise SandboxTimeout(f"the orchestrator did not answer {method} {path} in time") from e
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise ServiceUnavailable(f"cannot reach the orchestrator at {self.base_url}: "
                                      f"{type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
@@ -317,7 +318,7 @@ class RemoteControl(SandboxControl):
         await asyncio.gather(self._rest.aclose(), *(pool.aclose() for pool in self._pools), return_exceptions=True)
 
 
-def _body(resp: httpx.Response | RestResponse):
+def _body(resp: httpx.Response | Response):
     try:
         return resp.json()
     except ValueError:
