@@ -79,12 +79,12 @@ from .snapshots_k8s import DirectorySnapshotStore, KubernetesSnapshots, default_
 from .kubernetes_watch import (
     TOMBSTONES,
     PodWatcher,
-    _api_message,
-    _remember,
     pod_is_ready,
     pod_status,
     pod_summary,
+    remember,
 )
+from .kubernetes_errors import api_message
 
 try:
     import kubernetes
@@ -130,7 +130,7 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
             version = self._call(kubernetes.client.VersionApi(self.api_client).get_code, retries=1)
         except (OrchardError, ApiException) as e:
             self.api_client.close()
-            detail = f"{e.status} {_api_message(e)}" if isinstance(e, ApiException) else str(e)
+            detail = f"{e.status} {api_message(e)}" if isinstance(e, ApiException) else str(e)
             raise BackendError(f"cannot reach the Kubernetes API at {self.server}: {detail}") from None
         self.version = (version or {}).get("gitVersion", "?")
         self.watcher = PodWatcher(self, f"{self.role_label}=sandbox,{self.owner_label}={self.owner}")
@@ -181,7 +181,7 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
                                       name, self.namespace, {"spec": manifest["spec"]})
                         continue
                     raise BackendError(
-                        f"cannot create NetworkPolicy {name} in {self.namespace} ({e.status}: {_api_message(e)}): "
+                        f"cannot create NetworkPolicy {name} in {self.namespace} ({e.status}: {api_message(e)}): "
                         f"without it sandboxes would have network access. Grant networkpolicies create "
                         f"(deploy/k8s/base/rbac.yaml), or set manage_network_policies=false if the cluster's "
                         f"admins manage egress") from None
@@ -229,7 +229,7 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
                 except Exception:
                     pass
             if isinstance(e, ApiException):
-                message = _api_message(e)
+                message = api_message(e)
                 if e.status in (400, 422):
                     raise InvalidRequest(f"the cluster refused sandbox {sandbox_id}: {message}") from None
                 raise BackendError(f"cannot create sandbox {sandbox_id}: {e.status} {message}") from None
@@ -237,7 +237,7 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
         self.counters["created"] += 1
         self._keep_token(sandbox_id, token)
         with self._known:
-            _remember(self._created_here, sandbox_id, limit=TOMBSTONES)
+            remember(self._created_here, sandbox_id, limit=TOMBSTONES)
         self.watcher.seed(pod)
         owned = [("Secret", name)] if cfg.token_source == "secret" else []
         if not spec.block_network and cfg.manage_network_policies:

@@ -7,12 +7,14 @@ A mixin of `KubernetesBackend` (backends/kubernetes.py), which provides `config`
 from __future__ import annotations
 
 import json
-import random
-import time
 
 from orchard_gym.errors import BackendError, InvalidRequest
 
-from .kubernetes_watch import _api_message, _retry_after
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt
+
+from orchard_gym.retry import wait_backoff
+
+from .kubernetes_errors import api_message, retry_after
 
 try:
     import urllib3
@@ -30,32 +32,35 @@ class ApiCalls:
         kw.setdefault("_preload_content", False)
         kw.setdefault("_request_timeout", (min(10.0, cfg.api_timeout), cfg.api_timeout))
         retries = cfg.api_retries if retries is None else retries
-        delay, attempt = 0.05, 0
-        while True:
-            try:
-                with self._slots:
-                    self.counters["calls"] += 1
-                    resp = fn(*args, **kw)
-                data = resp.data
-                return json.loads(data) if data else None
-            except ApiException as e:
-                transient = e.status == 429 or (e.status or 0) >= 500 or e.status == 0
-                if not transient or attempt >= retries:
-                    raise
-                self.counters["throttled" if e.status == 429 else "retried"] += 1
-                if e.status != 429 and uncertain is not None:
-                    uncertain.append(e.status)
-                wait = _retry_after(e)
-            except urllib3.exceptions.HTTPError as e:
+
+        def transient(e: BaseException) -> bool:
+            if isinstance(e, ApiException):
+                return e.status == 429 or (e.status or 0) >= 500 or e.status == 0
+            if isinstance(e, urllib3.exceptions.HTTPError):
                 # refused before anything was sent: always safe; cut off later: only if idempotent
-                sent = not isinstance(getattr(e, "reason", e), urllib3.exceptions.NewConnectionError)
-                if attempt >= retries or (sent and not idempotent):
-                    raise BackendError(f"Kubernetes API at {self.server}: {e}") from None
-                self.counters["retried"] += 1
-                wait = None
-            attempt += 1
-            time.sleep(max(wait or 0.0, delay * (0.5 + random.random())))
-            delay = min(delay * 2, 5.0)
+                return idempotent or isinstance(getattr(e, "reason", e), urllib3.exceptions.NewConnectionError)
+            return False
+
+        def note(state: RetryCallState) -> None:
+            e = state.outcome.exception() if state.outcome is not None else None
+            status = e.status if isinstance(e, ApiException) else None
+            self.counters["throttled" if status == 429 else "retried"] += 1
+            if isinstance(e, ApiException) and status != 429 and uncertain is not None:
+                uncertain.append(status)
+
+        try:
+            for attempt in Retrying(retry=retry_if_exception(transient), stop=stop_after_attempt(retries + 1),
+                                    wait=wait_backoff(0.05, 5.0, hint=retry_after), before_sleep=note,
+                                    reraise=True):
+                with attempt:
+                    with self._slots:
+                        self.counters["calls"] += 1
+                        resp = fn(*args, **kw)
+                    data = resp.data
+                    return json.loads(data) if data else None
+        except urllib3.exceptions.HTTPError as e:
+            raise BackendError(f"Kubernetes API at {self.server}: {e}") from None
+        raise AssertionError("unreachable")
 
     def _api(self, what: str, fn, *args, ok: tuple[int, ...] = (), **kw):
         """_call with errors as typed OrchardErrors; statuses in `ok` come back as None."""
@@ -64,7 +69,7 @@ class ApiCalls:
         except ApiException as e:
             if e.status in ok:
                 return None
-            message = _api_message(e)
+            message = api_message(e)
             if e.status in (400, 422):
                 raise InvalidRequest(f"the cluster refused to {what}: {message}") from None
             if e.status in (401, 403):

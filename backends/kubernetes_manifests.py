@@ -13,7 +13,6 @@ from orchard_gym.models import SandboxSpec, parse_memory
 
 from .base import token_sha256
 from .docker import AGENT_ARGS, AGENT_DIR, LOADER
-from .kubernetes_watch import _quantity_cpu
 
 AGENT_VOLUME = "orchard-agent"
 TASK_CONTAINER = "sandbox"
@@ -42,11 +41,11 @@ class PodManifests:
                 "env": spec.env, "labels": spec.labels, "created_at": time.time()}
         cpu = spec.cpu or cfg.default_cpu
         memory = spec.memory_bytes or (parse_memory(cfg.default_memory) if cfg.default_memory else None)
-        requests = {"cpu": _quantity_cpu(min(cfg.cpu_request, cpu or cfg.cpu_request)),
+        requests = {"cpu": quantity_cpu(min(cfg.cpu_request, cpu or cfg.cpu_request)),
                     "memory": str(min(parse_memory(cfg.memory_request), memory or parse_memory(cfg.memory_request)))}
         limits = {}
         if cpu:
-            limits["cpu"] = _quantity_cpu(cpu)
+            limits["cpu"] = quantity_cpu(cpu)
         if memory:
             limits["memory"] = str(memory)
         name = self._name(sandbox_id)
@@ -168,3 +167,8 @@ class PodManifests:
                             "egress-allow")
 
     # ------------------------------------------------------------------ create
+
+
+def quantity_cpu(cores: float) -> str:
+    """Cores as a Kubernetes quantity in millicores (at least 1m)."""
+    return f"{max(1, round(cores * 1000))}m"

@@ -8,14 +8,18 @@ import asyncio
 import inspect
 import json
 import logging
-import random
 import socket
 import threading
 import time
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
+
+from tenacity import RetryCallState, Retrying, retry_if_exception
 
 from orchard_gym.errors import BackendError
+from orchard_gym.retry import wait_backoff
+
+from .kubernetes_errors import retry_after
 
 try:
     from kubernetes.client.rest import ApiException
@@ -23,8 +27,19 @@ try:
 except ImportError:  # pragma: no cover - the extra is missing
     pass
 
-if TYPE_CHECKING:
-    from .kubernetes import KubernetesBackend
+
+
+class WatchedBackend(Protocol):
+    """What the watch needs of its backend (backends/kubernetes.py KubernetesBackend)."""
+
+    namespace: str
+    sandbox_label: str
+    config: Any
+    core: Any
+
+    def _call(self, fn, *args, **kw) -> Any: ...
+    def _after_first_sync(self) -> None: ...
+    def _reap(self, sandbox_id: str) -> None: ...
 
 log = logging.getLogger("orchard_gym.backends.kubernetes")
 
@@ -111,17 +126,6 @@ def pod_summary(pod: dict | None) -> str:
     return "; ".join(parts)
 
 
-def _api_message(e: ApiException) -> str:
-    try:
-        return json.loads(e.body).get("message") or e.reason
-    except (TypeError, ValueError, AttributeError):
-        return str(e.reason or e.body or e)
-
-
-def _quantity_cpu(cores: float) -> str:
-    return f"{max(1, round(cores * 1000))}m"
-
-
 # --------------------------------------------------------------------------- watcher
 class PodWatcher:
     """One LIST + WATCH of the sandbox pods selected by `selector` in `namespace`.
@@ -132,7 +136,7 @@ class PodWatcher:
     go to the `on_lost` listeners as (sandbox_id, reason).
     """
 
-    def __init__(self, backend: KubernetesBackend, selector: str):
+    def __init__(self, backend: WatchedBackend, selector: str):
         self.backend = backend
         self.selector = selector
         self.sandbox_label = backend.sandbox_label
@@ -151,6 +155,7 @@ class PodWatcher:
         self._stop = threading.Event()
         self._resp = None
         self._fresh_list = False
+        self._first_synced = False
         self.last_error: str | None = None
         self._thread = threading.Thread(target=self._run, name=f"orchard-k8s-watch-{backend.namespace}", daemon=True)
 
@@ -159,33 +164,39 @@ class PodWatcher:
 
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
-        backoff, first = 0.1, True
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: not isinstance(e, _Gone)),  # a 410 lists again at once
+            wait=wait_backoff(0.1, 30.0, hint=retry_after),  # reset by every watch that ends well
+            stop=lambda state: self._stop.is_set(),
+            sleep=self._stop.wait,  # stop() cuts a wait short
+            before_sleep=self._failed,
+            reraise=True)
         while not self._stop.is_set():
             try:
-                if self.resource_version is None:
-                    self._relist()
-                    if first:
-                        first = False
-                        self.backend._after_first_sync()
-                self._watch_once()
-                backoff = 0.1
+                retrying(self._sync_and_watch)
             except _Gone as e:
                 self.stats["gone"] += 1
                 log.info("kubernetes watch: %s; listing again", e)
                 self.resource_version = None
-            except Exception as e:
+            except Exception:  # retrying gives up only once we are stopping
                 if self._stop.is_set():
                     break
-                self.stats["errors"] += 1
-                self.last_error = f"{type(e).__name__}: {e}"
-                delay = backoff * (0.5 + random.random())
-                retry_after = _retry_after(e)
-                if retry_after is not None:
-                    delay = max(delay, retry_after)
-                log.warning("kubernetes watch of %s failed (%s); again in %.1fs", self.backend.namespace,
-                            self.last_error, delay)
-                self._stop.wait(delay)
-                backoff = min(backoff * 2, 30.0)
+
+    def _sync_and_watch(self) -> None:
+        if self.resource_version is None:
+            self._relist()
+            if not self._first_synced:
+                self._first_synced = True
+                self.backend._after_first_sync()
+        self._watch_once()
+
+    def _failed(self, state: RetryCallState) -> None:
+        e = state.outcome.exception() if state.outcome is not None else None
+        self.stats["errors"] += 1
+        self.last_error = f"{type(e).__name__}: {e}"
+        delay = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("kubernetes watch of %s failed (%s); again in %.1fs", self.backend.namespace,
+                    self.last_error, delay)
 
     def _relist(self) -> None:
         b = self.backend
@@ -258,7 +269,7 @@ class PodWatcher:
                 return
             cur = self.pods.get(sid)
             if etype == "DELETED":
-                _remember(self._dead, uid)
+                remember(self._dead, uid)
                 if cur is not None and cur["metadata"]["uid"] != uid:
                     return  # an older pod of that name going away
                 if self._deleting[sid]:
@@ -274,7 +285,7 @@ class PodWatcher:
                 while len(self.tombstones) > TOMBSTONES:
                     self.tombstones.popitem(last=False)
                 if uid not in self._reported:
-                    _remember(self._reported, uid)
+                    remember(self._reported, uid)
                     lost = reason
             else:
                 if self._deleting[sid] and meta.get("deletionTimestamp"):
@@ -283,7 +294,7 @@ class PodWatcher:
                 self.tombstones.pop(sid, None)
                 status, error, _ = pod_status(pod)
                 if status == "failed" and uid not in self._reported:
-                    _remember(self._reported, uid)
+                    remember(self._reported, uid)
                     lost = error
             waiters = self._waiters.pop(sid, ())
         for loop, fut in waiters:
@@ -334,7 +345,7 @@ class PodWatcher:
             self._deleting[sid] += 1
             pod = self.pods.pop(sid, None)
             if pod is not None:
-                _remember(self._forgotten, pod["metadata"]["uid"])
+                remember(self._forgotten, pod["metadata"]["uid"])
             tomb = self.tombstones.pop(sid, None) is not None
             waiters = self._waiters.pop(sid, ())
         for loop, fut in waiters:
@@ -344,7 +355,7 @@ class PodWatcher:
     def end_delete(self, sid: str, uid: str | None) -> None:
         with self.lock:
             if uid:
-                _remember(self._forgotten, uid)
+                remember(self._forgotten, uid)
                 if self.pods.get(sid, {}).get("metadata", {}).get("uid") == uid:
                     self.pods.pop(sid, None)
             self._deleting[sid] -= 1
@@ -403,7 +414,7 @@ class _Gone(Exception):
     """The watch's resourceVersion is too old: list again."""
 
 
-def _remember(od: OrderedDict, key: str, limit: int = 50_000) -> None:
+def remember(od: OrderedDict, key: str, limit: int = 50_000) -> None:
     od[key] = None
     od.move_to_end(key)
     while len(od) > limit:
@@ -418,14 +429,3 @@ def _wake(loop: asyncio.AbstractEventLoop, fut: asyncio.Future) -> None:
         loop.call_soon_threadsafe(done)
     except RuntimeError:  # loop closed
         pass
-
-
-def _retry_after(e: BaseException) -> float | None:
-    headers = getattr(e, "headers", None)
-    if not headers:
-        return None
-    try:
-        value = headers.get("Retry-After")
-        return min(float(value), 30.0) if value is not None else None
-    except (TypeError, ValueError):
-        return None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-from .agent_http import AgentConnectError, AgentHTTP, AgentProtocolError, ErrorAnswer, Response
-from .errors import AgentUnavailable, AuthenticationError, FileTooLarge, InvalidRequest, OrchardError, SandboxTimeout
+from .http1 import ErrorAnswer, HTTP1Client, HTTPConnectError, HTTPProtocolError, Response
+from .errors import AgentUnavailable, OrchardError, SandboxTimeout, error_from_agent
 from .models import AgentEndpoint, ExecEvent, ExecRequest, ExecResult, FileInfo, PatchResult
 from .retry import RetryPolicy, retrying
 
@@ -20,7 +20,9 @@ class AgentClient:
     def __init__(self, endpoint: AgentEndpoint, retry: RetryPolicy | None = None):
         self.endpoint = endpoint
         self.retry = retry or RetryPolicy()
-        self._http = AgentHTTP(uds=endpoint.uds, base_url=endpoint.base_url, token=endpoint.token)
+        self._http = HTTP1Client(uds=endpoint.uds, base_url=endpoint.base_url,
+                                 headers={"Authorization": f"Bearer {endpoint.token}"}, max_idle=8,
+                                 server="orchard-agent/", peer="the agent")
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -35,7 +37,7 @@ class AgentClient:
                                                     timeout=timeout)
         except TimeoutError as e:
             raise SandboxTimeout(f"agent did not answer {method} {path} within {timeout:.0f}s") from e
-        except (AgentConnectError, AgentProtocolError) as e:
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise AgentUnavailable(str(e)) from e
         _raise_for_status(resp)
         return resp
@@ -61,7 +63,7 @@ class AgentClient:
             _raise_for_status(e.response)
         except TimeoutError as e:
             raise SandboxTimeout("agent stream timed out") from e
-        except (AgentConnectError, AgentProtocolError) as e:
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise AgentUnavailable(str(e)) from e
 
     async def upload(self, path: str, data: bytes, mode: int | None = None) -> dict:
@@ -82,7 +84,7 @@ class AgentClient:
             resp, body = await self._http.request_stream("GET", "/files", params={"path": path}, timeout=timeout)
         except TimeoutError as e:
             raise SandboxTimeout(f"agent did not answer GET /files within {timeout:.0f}s") from e
-        except (AgentConnectError, AgentProtocolError) as e:
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise AgentUnavailable(str(e)) from e
         if body is None:
             _raise_for_status(resp)
@@ -93,7 +95,7 @@ class AgentClient:
             try:
                 async for chunk in inner:
                     yield chunk
-            except (AgentConnectError, AgentProtocolError) as e:
+            except (HTTPConnectError, HTTPProtocolError) as e:
                 raise AgentUnavailable(str(e)) from e
             except TimeoutError as e:
                 raise SandboxTimeout("the agent stopped sending the file") from e
@@ -112,7 +114,7 @@ class AgentClient:
             raise OrchardError(f"agent answered POST /pty with {e.response.status}")
         except TimeoutError as e:
             raise SandboxTimeout("agent did not start the terminal session within 30s") from e
-        except (AgentConnectError, AgentProtocolError) as e:
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise AgentUnavailable(str(e)) from e
         return LinesChannel(reader, writer)
 
@@ -125,7 +127,7 @@ class AgentClient:
             raise OrchardError(f"agent answered POST /connect with {e.response.status}")
         except TimeoutError as e:
             raise SandboxTimeout(f"agent did not open a tunnel to port {port} within {timeout:g}s") from e
-        except (AgentConnectError, AgentProtocolError) as e:
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise AgentUnavailable(str(e)) from e
 
     async def cancel(self, job_id: str) -> bool:
@@ -152,12 +154,4 @@ def _raise_for_status(resp: Response) -> None:
         message = resp.json().get("error") or resp.body.decode("utf-8", "replace")
     except (ValueError, AttributeError):
         message = resp.body.decode("utf-8", "replace")
-    if resp.status == 401:
-        raise AuthenticationError(message)
-    if resp.status == 404 and "no such file" in message:
-        raise FileNotFoundError(message)
-    if resp.status == 413:
-        raise FileTooLarge(message)
-    if resp.status < 500:
-        raise InvalidRequest(f"{resp.status}: {message}")
-    raise OrchardError(f"agent error {resp.status}: {message}")
+    raise error_from_agent(resp.status, str(message))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class OrchardError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -113,3 +115,106 @@ class JudgeError(OrchardError, RuntimeError):
     def of(cls, error: EndpointError) -> JudgeError:
         """The judge's endpoint failed: its reason first (what a count of dropped samples keys on)."""
         return cls(f"the judge failed ({error.reason}): {error}")
+
+
+class Conflict(InvalidRequest):
+    """The request clashes with what exists (a sandbox or job id that is taken)."""
+
+
+# --------------------------------------------------------------------------- the wire
+# The one table of how errors cross HTTP. The orchestrator answers an exception with a
+# status and `{detail, error}`, where `error` names the class the remote client raises:
+# service/errors.py encodes with it, remote.py (and the terminal) decode with it.
+
+
+@dataclass(frozen=True)
+class WireError:
+    cls: type[BaseException]  # raised on the server (matched by isinstance, first row wins)
+    status: int  # the answer's status
+    name: str  # the answer's `error`: the class the client raises
+
+
+WIRE_ERRORS: tuple[WireError, ...] = (  # most specific first
+    WireError(Conflict, 409, "InvalidRequest"),
+    WireError(SandboxNotFound, 404, "SandboxNotFound"),
+    WireError(JobNotFound, 404, "JobNotFound"),
+    WireError(SnapshotNotFound, 404, "SnapshotNotFound"),
+    WireError(FileNotFoundError, 404, "FileNotFoundError"),
+    WireError(FileTooLarge, 413, "FileTooLarge"),
+    WireError(ImageNotFound, 422, "ImageNotFound"),
+    WireError(InvalidRequest, 422, "InvalidRequest"),
+    WireError(SandboxTimeout, 408, "SandboxTimeout"),
+    WireError(SandboxFailed, 409, "SandboxFailed"),
+    WireError(ServiceUnavailable, 503, "ServiceUnavailable"),
+    # a sandbox's agent refusing our token is our fault, not the caller's: never a 401 here
+    WireError(AuthenticationError, 502, "AgentUnavailable"),
+    WireError(AgentUnavailable, 502, "AgentUnavailable"),
+    WireError(BackendError, 502, "BackendError"),
+    WireError(OrchardError, 500, "OrchardError"),
+)
+
+# An answer that names no class we know (a proxy's, the framework's own 401/403/404): by status.
+STATUS_ERRORS: dict[int, type[BaseException]] = {
+    401: AuthenticationError, 403: AuthenticationError, 404: SandboxNotFound, 408: SandboxTimeout,
+    409: InvalidRequest, 413: FileTooLarge, 422: InvalidRequest, 503: ServiceUnavailable,
+}
+
+# `error` name -> class, for every name the orchestrator sends
+_SENT = {row.name for row in WIRE_ERRORS} | {cls.__name__ for cls in STATUS_ERRORS.values()}
+ERRORS_BY_NAME: dict[str, type[BaseException]] = {
+    cls.__name__: cls for cls in (*(row.cls for row in WIRE_ERRORS), *STATUS_ERRORS.values()) if cls.__name__ in _SENT}
+
+# The in-sandbox agent's answers are `{error: message}` with a status alone (no class name).
+AGENT_STATUS_ERRORS: dict[int, type[BaseException]] = {401: AuthenticationError, 413: FileTooLarge}
+
+MAX_MESSAGE = 10_000  # characters of an error answer kept in the exception (a proxy may send whole pages)
+
+
+def wire_error(exc: BaseException) -> WireError | None:
+    """The table's row for an exception raised on the server; None if none fits."""
+    for row in WIRE_ERRORS:
+        if isinstance(exc, row.cls):
+            return row
+    return None
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE] + f"... ({len(text)} characters)"
+
+
+def error_from_answer(status: int, body) -> BaseException:
+    """The typed exception for the orchestrator's error answer `{detail, error}` (or any body,
+    however garbled: an unknown or non-string `error` falls back to the status)."""
+    name, detail = None, body
+    if isinstance(body, dict):
+        name, detail = body.get("error"), body.get("detail", body)
+    if isinstance(detail, list):  # validation problems
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', ()) if p != 'body') or 'value'}: {d.get('msg', d)}"
+            if isinstance(d, dict) else str(d) for d in detail)
+    cls = (ERRORS_BY_NAME.get(name) if isinstance(name, str) else None) or STATUS_ERRORS.get(status)
+    if cls is None:
+        cls = InvalidRequest if status < 500 else OrchardError
+    message = _short(str(detail)) if detail not in (None, "") else f"HTTP {status}"
+    if cls is InvalidRequest and status not in (409, 422):
+        message = f"{status}: {message}"
+    return cls(message)
+
+
+def error_from_job(error: str) -> BaseException:
+    """The exception a job's 'ClassName: message' error names (OrchardError if none we know)."""
+    name, _, message = error.partition(": ")
+    cls = ERRORS_BY_NAME.get(name)
+    return cls(message or error) if cls is not None else OrchardError(error)
+
+
+def error_from_agent(status: int, message: str) -> BaseException:
+    """The typed exception for the in-sandbox agent's error answer (status and message)."""
+    if status == 404 and "no such file" in message:
+        return FileNotFoundError(message)
+    cls = AGENT_STATUS_ERRORS.get(status)
+    if cls is not None:
+        return cls(message)
+    if status < 500:
+        return InvalidRequest(f"{status}: {message}")
+    return OrchardError(f"agent error {status}: {message}")

@@ -28,6 +28,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InvalidRequest, SandboxNotFound
@@ -207,7 +208,6 @@ class WarmPool:
         self._changed = asyncio.Event()
         self._closed = False
         self._closed_event = asyncio.Event()
-        self._backoff = 0.0
         self._monitor: asyncio.Task | None = None
         self.counts = {"created": 0, "claimed": 0, "missed": 0, "replaced": 0, "failed_creates": 0}
         self.last_error: str | None = None
@@ -261,24 +261,20 @@ class WarmPool:
             self._spawn(self._create_one())
 
     async def _create_one(self) -> None:
-        record = None
+        record: SandboxRecord | None = None
         try:
-            if self._backoff:  # the last create failed: wait (woken early by close)
-                try:
-                    await asyncio.wait_for(self._closed_event.wait(), self._backoff)
-                except TimeoutError:
-                    pass
             if self._closed:
                 return
-            try:
-                record = await self.provider.create(self._sandbox_spec)
-            except Exception as e:  # refill again later; claims meanwhile create as usual
-                self.counts["failed_creates"] += 1
-                self.last_error = f"{type(e).__name__}: {e}"
-                self._backoff = min(MAX_BACKOFF, max(0.5, 2 * self._backoff))
-                log.warning("pool could not create a sandbox", extra={"image": self.spec.image, "error": self.last_error})
+            try:  # a failed create is tried again after a doubling wait; claims meanwhile create as usual
+                async for attempt in AsyncRetrying(retry=retry_if_exception_type(Exception),
+                                                   wait=wait_exponential(multiplier=0.5, max=MAX_BACKOFF),
+                                                   stop=lambda state: self._closed, sleep=self._nap,
+                                                   after=self._create_failed, reraise=True):
+                    with attempt:
+                        record = await self.provider.create(self._sandbox_spec)
+            except Exception:  # the pool closed while creates were failing
                 return
-            self._backoff = 0.0
+            assert record is not None
             self.counts["created"] += 1
             if self._closed:
                 await self._delete(record.sandbox_id)
@@ -289,6 +285,19 @@ class WarmPool:
             self._changed.set()
             if not self._closed:
                 self._refill()  # the next one (at most `parallel` at once)
+
+    def _create_failed(self, state: RetryCallState) -> None:
+        e = state.outcome.exception() if state.outcome is not None else None
+        self.counts["failed_creates"] += 1
+        self.last_error = f"{type(e).__name__}: {e}"
+        log.warning("pool could not create a sandbox", extra={"image": self.spec.image, "error": self.last_error})
+
+    async def _nap(self, seconds: float) -> None:
+        """A backoff wait, cut short by close()."""
+        try:
+            await asyncio.wait_for(self._closed_event.wait(), seconds)
+        except TimeoutError:
+            pass
 
     async def _watch(self) -> None:
         """Every check_interval: replace idle sandboxes that died (and keep remote ones alive)."""

@@ -22,10 +22,6 @@ import httpx
 from .control import SandboxControl
 from .errors import (
     AgentUnavailable,
-    AuthenticationError,
-    BackendError,
-    FileTooLarge,
-    ImageNotFound,
     InvalidRequest,
     JobNotFound,
     OrchardError,
@@ -34,53 +30,24 @@ from .errors import (
     SandboxTimeout,
     ServiceUnavailable,
     SnapshotNotFound,
+    error_from_answer,
+    error_from_job,
 )
 from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
                      SnapshotRecord, check_snapshot_id)
-from .rest_http import RestHTTP, RestResponse
+from .http1 import HTTP1Client, HTTPConnectError, HTTPProtocolError, Response
 from .retry import RetryPolicy, retrying
 
-# what the server's `error` field names -> the exception to raise
-_BY_NAME: dict[str, type[BaseException]] = {
-    cls.__name__: cls
-    for cls in (AgentUnavailable, AuthenticationError, BackendError, FileTooLarge, ImageNotFound, InvalidRequest,
-                JobNotFound, SnapshotNotFound,
-                SandboxFailed, SandboxNotFound, SandboxTimeout, ServiceUnavailable, OrchardError)
-}
-_BY_NAME["FileNotFoundError"] = FileNotFoundError
-_BY_STATUS: dict[int, type[BaseException]] = {
-    401: AuthenticationError, 403: AuthenticationError, 404: SandboxNotFound, 408: SandboxTimeout,
-    409: InvalidRequest, 413: FileTooLarge, 422: InvalidRequest, 503: ServiceUnavailable,
-}
+error_for = error_from_answer  # the name this module gave it first (kept for callers)
 SLACK = 30.0  # beyond a server-side wait, for the answer to travel
 POOLS = 8
-
-
-def error_for(status: int, body) -> BaseException:
-    """The typed exception for an error answer `{detail, error}` (or any body)."""
-    name, detail = None, body
-    if isinstance(body, dict):
-        name, detail = body.get("error"), body.get("detail", body)
-    if isinstance(detail, list):  # validation problems
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in d.get('loc', ()) if p != 'body') or 'value'}: {d.get('msg', d)}"
-            if isinstance(d, dict) else str(d) for d in detail)
-    cls = _BY_NAME.get(name or "") or _BY_STATUS.get(status)
-    if cls is None:
-        cls = InvalidRequest if status < 500 else OrchardError
-    message = str(detail) if detail not in (None, "") else f"HTTP {status}"
-    if cls is InvalidRequest and status not in (409, 422):
-        message = f"{status}: {message}"
-    return cls(message)
 
 
 def _job_error(job: JobResult) -> BaseException | None:
     """A job that could not run at all (not a command that failed) carries 'Name: message'."""
     if job.status != "failed" or job.exit_code is not None or not job.error:
         return None
-    name, _, message = job.error.partition(": ")
-    cls = _BY_NAME.get(name)
-    return cls(message or job.error) if cls is not None else OrchardError(job.error)
+    return error_from_job(job.error)
 
 
 class RemoteControl(SandboxControl):
@@ -106,8 +73,9 @@ class RemoteControl(SandboxControl):
                               timeout=httpx.Timeout(timeout, connect=10.0, pool=None),
                               limits=httpx.Limits(max_connections=per_pool, max_keepalive_connections=per_pool,
                                                   keepalive_expiry=30.0))
-            for _ in range(POOLS)]  # streamed routes only (exec/stream): the JSON routes use _rest
-        self._rest = RestHTTP(self.base_url, headers, max_connections=max_connections, ssl=verify or None)
+            for _ in range(POOLS)]  # streamed routes only (exec/stream): the JSON routes use _rest (http1.py)
+        self._rest = HTTP1Client(base_url=self.base_url, headers={"Accept": "application/json", **headers},
+                                 max_connections=max_connections, ssl=verify or None, peer="the orchestrator")
         self._next_pool = 0
         self._auto_heartbeat = heartbeat
         self._owned: set[str] = set()
@@ -116,7 +84,7 @@ class RemoteControl(SandboxControl):
 
     # ------------------------------------------------------------------ plumbing
     async def _request(self, method: str, path: str, *, json_body=None, params: dict | None = None,
-                       idempotent: bool = True, timeout: float | None = None) -> RestResponse:
+                       idempotent: bool = True, timeout: float | None = None) -> Response:
         try:
             async for attempt in retrying(self.retry, idempotent=idempotent):
                 with attempt:
@@ -124,9 +92,9 @@ class RemoteControl(SandboxControl):
                                                     timeout=self.timeout if timeout is None else timeout)
                     if resp.status_code == 503:
                         raise error_for(503, _body(resp))  # ServiceUnavailable: retried
-        except httpx.TimeoutException as e:
-            raise SandboxTimeout(f"the orchestrator did not answer {method} {path} in time ({type(e).__name__})") from e
-        except httpx.TransportError as e:
+        except TimeoutError as e:
+            raise SandboxTimeout(f"the orchestrator did not answer {method} {path} in time") from e
+        except (HTTPConnectError, HTTPProtocolError) as e:
             raise ServiceUnavailable(f"cannot reach the orchestrator at {self.base_url}: "
                                      f"{type(e).__name__}: {e}") from e
         if resp.status_code >= 400:
@@ -143,7 +111,12 @@ class RemoteControl(SandboxControl):
         return httpx.Timeout(self.timeout if seconds is None else seconds, connect=10.0, pool=None)
 
     async def _json(self, method: str, path: str, **kw):
-        return (await self._request(method, path, **kw)).json()
+        resp = await self._request(method, path, **kw)
+        try:
+            return resp.json()
+        except ValueError:  # not the orchestrator, or a proxy's page in front of it
+            raise OrchardError(f"the answer to {method} {path} ({resp.status_code}) is not JSON: "
+                               f"{resp.text[:200]!r}") from None
 
     @staticmethod
     def _p(sandbox_id: str) -> str:
@@ -345,7 +318,7 @@ class RemoteControl(SandboxControl):
         await asyncio.gather(self._rest.aclose(), *(pool.aclose() for pool in self._pools), return_exceptions=True)
 
 
-def _body(resp: httpx.Response | RestResponse):
+def _body(resp: httpx.Response | Response):
     try:
         return resp.json()
     except ValueError:

@@ -15,7 +15,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 
-from .errors import InvalidRequest, OrchardError
+from .errors import InvalidRequest, OrchardError, error_from_answer
 
 SIGNALS = ("INT", "TERM", "KILL", "HUP", "QUIT")
 
@@ -154,9 +154,7 @@ class AsyncPtyProcess:
         if proc.error is not None and proc.pid is None:
             await proc.close()
             if proc._refusal is not None:  # the orchestrator passed on a typed refusal (bad init, dead sandbox)
-                from .remote import error_for
-
-                raise error_for(proc._refusal["status"], proc._refusal)
+                raise error_from_answer(proc._refusal["status"], proc._refusal)
             raise PtyError(proc.error)
         return proc
 

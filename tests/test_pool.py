@@ -20,6 +20,7 @@ from service_helpers import Orchestrator, remove_all_sandboxes, short_root
 
 from conftest import wait_until
 from orchard_gym import AsyncSandboxClient, InvalidRequest, SandboxClient
+from orchard_gym.errors import BackendError
 from orchard_gym.backends.config import parse_backend_config
 from orchard_gym.pool import ControlProvider, PoolSpec, WarmPool, match_key, parse_pool_option, parse_pools
 
@@ -175,6 +176,44 @@ def test_env_resets_get_a_fresh_pooled_sandbox_each_time_and_close_leaves_nothin
         assert stats["claimed"] >= 2 and stats["size"] == 2, stats
     finally:
         env.close()
+    assert asyncio.run(_left_in(root)) == []
+
+
+class _FlakyProvider(ControlProvider):
+    """A real in-process control whose engine refuses the first `failures` creates."""
+
+    def __init__(self, control, failures: float):
+        super().__init__(control)
+        self.failures = failures
+
+    async def create(self, spec):
+        if self.failures > 0:
+            self.failures -= 1
+            raise BackendError("engine hiccup")
+        return await super().create(spec)
+
+
+def test_failed_creates_are_retried_with_backoff_and_close_cuts_the_wait(root):
+    async def main():
+        from orchard_gym.control import InProcessControl
+
+        before = _own_tasks()
+        control = InProcessControl(parse_backend_config({"type": "local", "root": str(root)}).get_backend())
+        pool = WarmPool(PoolSpec(size=1, parallel=1), _FlakyProvider(control, 2))
+        assert await pool.wait_full(120), pool.stats()
+        stats = pool.stats()
+        assert stats["failed_creates"] == 2 and "engine hiccup" in stats["last_error"], stats
+        await pool.aclose()
+        await asyncio.gather(*(control.delete(i) for i in pool.idle_ids()))
+
+        stuck = WarmPool(PoolSpec(size=1, parallel=1), _FlakyProvider(control, math.inf))
+        stuck.start()
+        await _eventually(lambda: stuck.stats()["failed_creates"] >= 5, 60)  # waits of 0.5, 1, 2, 4, then 8 s ...
+        await asyncio.wait_for(stuck.aclose(), 5)  # ... which close cuts short
+        assert _own_tasks() == before
+        await control.aclose()
+
+    asyncio.run(main())
     assert asyncio.run(_left_in(root)) == []
 
 

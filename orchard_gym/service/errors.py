@@ -1,55 +1,18 @@
 """How the orchestrator's errors look on the wire: a status code and `{detail, error}`,
-where `error` names the SDK's exception class (`orchard_gym.errors`), so the remote
-client raises exactly what the in-process one would."""
+where `error` names the SDK's exception class. The table is `orchard_gym.errors.WIRE_ERRORS`
+(the remote client decodes with the same one); here: what only a server meets."""
 
 from __future__ import annotations
 
-from orchard_gym.errors import (
-    AgentUnavailable,
-    AuthenticationError,
-    BackendError,
-    FileTooLarge,
-    ImageNotFound,
-    InvalidRequest,
-    JobNotFound,
-    OrchardError,
-    SandboxFailed,
-    SandboxNotFound,
-    SandboxTimeout,
-    ServiceUnavailable,
-    SnapshotNotFound,
-)
+from orchard_gym.errors import Conflict, wire_error
 
-
-class Conflict(InvalidRequest):
-    """The request clashes with what exists (a sandbox id that is taken)."""
-
-
-# most specific first
-_STATUS: list[tuple[type[BaseException], int, str]] = [
-    (Conflict, 409, "InvalidRequest"),
-    (SandboxNotFound, 404, "SandboxNotFound"),
-    (JobNotFound, 404, "JobNotFound"),
-    (SnapshotNotFound, 404, "SnapshotNotFound"),
-    (FileNotFoundError, 404, "FileNotFoundError"),
-    (FileTooLarge, 413, "FileTooLarge"),
-    (ImageNotFound, 422, "ImageNotFound"),
-    (InvalidRequest, 422, "InvalidRequest"),
-    (SandboxTimeout, 408, "SandboxTimeout"),
-    (SandboxFailed, 409, "SandboxFailed"),
-    (ServiceUnavailable, 503, "ServiceUnavailable"),
-    # a sandbox's agent refusing our token is our fault, not the caller's: never a 401 here
-    (AuthenticationError, 502, "AgentUnavailable"),
-    (AgentUnavailable, 502, "AgentUnavailable"),
-    (BackendError, 502, "BackendError"),
-    (OrchardError, 500, "OrchardError"),
-]
+__all__ = ["Conflict", "job_error", "status_of"]
 
 
 def status_of(exc: BaseException) -> tuple[int, str]:
-    for cls, status, name in _STATUS:
-        if isinstance(exc, cls):
-            return status, name
+    row = wire_error(exc)
+    if row is not None:
+        return row.status, row.name
     if _is_store_outage(exc):
         return 503, "ServiceUnavailable"
     return 500, "InternalError"
@@ -66,5 +29,5 @@ def _is_store_outage(exc: BaseException) -> bool:
 
 def job_error(exc: BaseException) -> str:
     """The `error` of a job that could not run: 'ClassName: message', which the remote
-    client turns back into that exception."""
+    client turns back into that exception (orchard_gym.errors.error_from_job)."""
     return f"{status_of(exc)[1]}: {exc}"

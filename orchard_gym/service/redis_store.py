@@ -24,6 +24,7 @@ import uuid
 from contextlib import asynccontextmanager
 
 import redis.asyncio as aioredis
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError, WatchError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -87,29 +88,37 @@ class RedisStore(Store):
             raise StoreUnavailable(f"Redis at {redact_url(self.url)}: pub/sub did not start within 10 s") from None
 
     async def _listen(self) -> None:
+        """Relay pub/sub events to the waiters, forever; a lost connection is made again with
+        backoff (reset once subscribed again)."""
         pattern, skip = self._k("ev", "*"), len(self._k("ev", ""))
-        delay = 0.1
         while True:
-            pubsub = self.r.pubsub(ignore_subscribe_messages=True)
+            pubsub = await self._subscribed(pattern)
             try:
-                await pubsub.psubscribe(pattern)
-                self._listening.set()
-                self.waiters.wake_all()  # events may have been missed while (re)connecting
-                delay = 0.1
                 async for message in pubsub.listen():
                     if message and message.get("type") == "pmessage":
                         self.waiters.wake(message["channel"].decode()[skip:])
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # Redis went away: reconnect with backoff
+            except Exception as e:  # Redis went away: subscribe again
                 log.warning("redis pub/sub connection lost (%s: %s); reconnecting", type(e).__name__, e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
             finally:
+                await _close_quietly(pubsub)
+
+    async def _subscribed(self, pattern: str):
+        """A pub/sub connection subscribed to `pattern`; tries until Redis takes it, with backoff."""
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Exception),
+                                           wait=wait_exponential(multiplier=0.1, max=5.0),
+                                           before_sleep=_log_subscribe_failure):
+            with attempt:
+                pubsub = self.r.pubsub(ignore_subscribe_messages=True)
                 try:
-                    await pubsub.aclose()
-                except Exception:
-                    pass
+                    await pubsub.psubscribe(pattern)
+                except BaseException:
+                    await _close_quietly(pubsub)
+                    raise
+        self._listening.set()
+        self.waiters.wake_all()  # events may have been missed while (re)connecting
+        return pubsub
 
     async def check(self) -> None:
         """Connect, authenticate and touch our prefix now, so that a wrong password or an ACL
@@ -298,3 +307,16 @@ class RedisStore(Store):
 
     async def lead(self, replica_id: str, ttl: float) -> bool:
         return bool(await self._lead(keys=[self._k("leader")], args=[replica_id, max(1, int(ttl * 1000))]))
+
+
+async def _close_quietly(pubsub) -> None:
+    try:
+        await pubsub.aclose()
+    except Exception:
+        pass
+
+
+def _log_subscribe_failure(state: RetryCallState) -> None:
+    e = state.outcome.exception() if state.outcome is not None else None
+    log.warning("redis pub/sub: cannot subscribe (%s: %s); again in %.1fs", type(e).__name__, e,
+                state.next_action.sleep if state.next_action is not None else 0.0)

@@ -1,17 +1,18 @@
-"""The orchestrator client's small HTTP/1.1 client (orchard_gym/rest_http.py) against real
-sockets: keep-alive reuse, chunked and Content-Length bodies, a server that closed an idle
-connection, and garbage (bad URLs, non-HTTP answers, answers cut short, nobody listening),
-each raised as the httpx error type the retry policy already knows."""
+"""The host's one hand-written HTTP/1.1 client (orchard_gym/http1.py; the agent client and the
+orchestrator client's JSON routes) against real sockets: keep-alive reuse, chunked and
+Content-Length bodies, a server that closed an idle connection, and garbage (bad URLs,
+non-HTTP answers, answers cut short, a stranger's Server header, nobody listening), each
+raised as the error type the retry policy knows (retry.py is_transient)."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
 
-import httpx
 import pytest
 
-from orchard_gym.rest_http import RestHTTP
+from orchard_gym.http1 import HTTP1Client, HTTPConnectError, HTTPProtocolError
+from orchard_gym.retry import is_transient
 
 
 async def _serve(handler):
@@ -29,7 +30,7 @@ async def _read_request(reader) -> tuple[bytes, bytes]:
 def test_bad_urls_are_refused():
     for url in ("ftp://x", "http://", "not a url", ""):
         with pytest.raises(ValueError, match="not an http"):
-            RestHTTP(url, {})
+            HTTP1Client(base_url=url)
 
 
 async def test_keep_alive_chunked_and_a_closed_idle_connection():
@@ -56,7 +57,7 @@ async def test_keep_alive_chunked_and_a_closed_idle_connection():
             writer.close()
 
     server, url = await _serve(handler)
-    http = RestHTTP(url + "/prefix", {"X-API-Key": "k"})
+    http = HTTP1Client(base_url=url + "/prefix", headers={"X-API-Key": "k"})
     try:
         r = await http.request("POST", "/x", json={"n": 1}, params={"wait": "true"})
         assert r.status_code == 201 and r.json() == {"ok": 42}
@@ -73,11 +74,12 @@ async def test_keep_alive_chunked_and_a_closed_idle_connection():
 
 
 @pytest.mark.parametrize("answer, error", [
-    (b"SSH-2.0-OpenSSH\r\n\r\n", httpx.RemoteProtocolError),  # not HTTP
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut", httpx.ReadError),  # cut short
-    (b"HTTP/1.1 200 OK\r\nContent-Length: zebra\r\n\r\n", httpx.RemoteProtocolError),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "malformed"),  # not HTTP
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"cut", "broke"),  # cut short
+    (b"HTTP/1.1 200 OK\r\nContent-Length: zebra\r\n\r\n", "malformed"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "malformed"),  # bad chunk size
 ])
-async def test_garbage_answers_raise_httpx_errors(answer, error):
+async def test_garbage_answers_raise_protocol_errors(answer, error):
     async def handler(reader, writer):
         await _read_request(reader)
         writer.write(answer)
@@ -85,10 +87,11 @@ async def test_garbage_answers_raise_httpx_errors(answer, error):
         writer.close()
 
     server, url = await _serve(handler)
-    http = RestHTTP(url, {})
+    http = HTTP1Client(base_url=url)
     try:
-        with pytest.raises(error):
+        with pytest.raises(HTTPProtocolError, match=error) as info:
             await http.request("GET", "/")
+        assert is_transient(info.value) and not is_transient(info.value, sent_is_safe=False)
     finally:
         await http.aclose()
         server.close()
@@ -98,18 +101,37 @@ async def test_nobody_listening_and_a_silent_server():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connection refused
-    http = RestHTTP(f"http://127.0.0.1:{port}", {})
-    with pytest.raises(httpx.ConnectError):
+    http = HTTP1Client(base_url=f"http://127.0.0.1:{port}")
+    with pytest.raises(HTTPConnectError) as info:
         await http.request("GET", "/")
+    assert is_transient(info.value, sent_is_safe=False)  # nothing was sent: always safe
 
     async def silent(reader, writer):
         await asyncio.sleep(5)
 
     server, url = await _serve(silent)
-    http = RestHTTP(url, {})
+    http = HTTP1Client(base_url=url)
     try:
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(TimeoutError):
             await http.request("GET", "/", timeout=0.2)
+    finally:
+        await http.aclose()
+        server.close()
+
+
+async def test_a_stranger_answering_is_refused():
+    """A dead container's IP answered by another server: not taken for the agent."""
+    async def handler(reader, writer):
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nServer: nginx\r\nContent-Length: 2\r\n\r\n{}")
+        await writer.drain()
+        writer.close()
+
+    server, url = await _serve(handler)
+    http = HTTP1Client(base_url=url, server="orchard-agent/", peer="the agent")
+    try:
+        with pytest.raises(HTTPProtocolError, match="not the agent answered"):
+            await http.request("GET", "/health")
     finally:
         await http.aclose()
         server.close()
