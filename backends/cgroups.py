@@ -3,8 +3,10 @@
 Two drivers, for the two kernel interfaces:
 
 - v1: one hierarchy per controller (`/sys/fs/cgroup/<controller>/`). A sandbox gets a
-  directory in each of `pids`, `memory`, `cpu`, `cpuacct` and `freezer` that exists;
-  the freezer is what makes a kill complete (nothing forks while frozen).
+  directory in each of `pids`, `memory`, `cpuacct` and `freezer` that exists, and in
+  `cpu` when it asks for a CPU limit; the freezer is what makes a kill complete
+  (nothing forks while frozen). A command joins its job cgroup (freezer only) by the
+  agent's spawning thread moving there alone for the fork.
 - v2: one hierarchy (`/sys/fs/cgroup` on most hosts, `/sys/fs/cgroup/unified` on hybrid
   ones). Kill and freeze are core files (`cgroup.kill`, `cgroup.freeze`) and work
   without controllers; limits need `pids`/`memory`/`cpu` enabled in the parent's
