@@ -3,6 +3,7 @@ timeout, and killing their whole process tree (group, environment marker, cgroup
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import shutil
@@ -120,18 +121,37 @@ class JobCgroups:
         except Exception:
             pass
 
-    def prepare(self, marker: str, argv: list[str]):
-        """A fresh job cgroup, and how the child joins it before the command runs:
-        (open cgroup.procs fd, argv, pass_fds, preexec_fn). A `bash -c` command joins
-        itself (a prefix writes "0" to the inherited fd, then closes it): a preexec_fn
-        would make Popen fork instead of vfork, ~10 ms per command on a VM."""
+    @contextlib.contextmanager
+    def joining(self, marker: str, argv: list[str]):
+        """A fresh job cgroup, and how a child started inside the block joins it before the
+        command runs: yields (argv, pass_fds, preexec_fn) for Popen.
+
+        v1: this thread alone moves into the job's cgroup (its `tasks` file, "0": the
+        writer; a single thread's move skips the global threadgroup lock a whole-process
+        move takes), the child is forked there and inherits it, and the thread moves back
+        to the sandbox's cgroup on leaving. No preexec_fn, so Popen can vfork, and the
+        command runs as given (no shell prefix).
+        v2 (no per-thread moves outside threaded cgroups): a `bash -c` command joins itself
+        (a prefix writes "0" to the inherited cgroup.procs fd, then closes it); any other
+        command joins in a preexec_fn, which makes Popen fork instead of vfork."""
         name = f"job-{marker}"
         os.mkdir(name, dir_fd=self.fd)
+        if not self.v2:
+            _write_at(self.fd, f"{name}/tasks", "0")
+            try:
+                yield argv, (), None
+            finally:  # never go on from inside a job's cgroup: its kill would take this thread
+                _write_at(self.fd, "tasks", "0")
+            return
         procs = os.open(f"{name}/cgroup.procs", os.O_WRONLY, dir_fd=self.fd)
-        if len(argv) == 3 and os.path.basename(argv[0]) == "bash" and argv[1] in ("-c", "-lc"):
-            joined = f"printf 0 >&{procs} || exit 125; exec {procs}>&-; {argv[2]}"
-            return procs, [argv[0], argv[1], joined], (procs,), None
-        return procs, argv, (), lambda: os.write(procs, b"0")
+        try:
+            if len(argv) == 3 and os.path.basename(argv[0]) == "bash" and argv[1] in ("-c", "-lc"):
+                joined = f"printf 0 >&{procs} || exit 125; exec {procs}>&-; {argv[2]}"
+                yield [argv[0], argv[1], joined], (procs,), None
+            else:
+                yield argv, (), lambda: os.write(procs, b"0")
+        finally:
+            os.close(procs)
 
     def kill(self, marker: str) -> None:
         name = f"job-{marker}"
@@ -185,6 +205,12 @@ class JobCgroups:
             return [int(p) for p in _read_at(self.fd, f"{name}/cgroup.procs").split()]
         except OSError:
             return []
+
+
+@contextlib.contextmanager
+def as_is(argv: list[str]):
+    """No job cgroup: the command as given, nothing to join."""
+    yield argv, (), None
 
 
 def _exists(path: str, dir_fd: int) -> bool:
@@ -342,13 +368,11 @@ class Runner:
         env.pop("ORCHARD_AGENT_TOKEN_SHA256", None)
         env.update(extra_env)
         env[JOB_MARKER] = marker
-        procs_fd, pass_fds, hook = None, (), None
         ooms = oom_kills() if SANDBOX_CGROUPS else 0
-        if JOB_CGROUPS is not None:
-            procs_fd, argv, pass_fds, hook = JOB_CGROUPS.prepare(marker, argv)
+        joining = JOB_CGROUPS.joining(marker, argv) if JOB_CGROUPS is not None else as_is(argv)
         proc = None
         try:
-            with _tracked_lock:
+            with joining as (argv, pass_fds, hook), _tracked_lock:
                 proc = subprocess.Popen(
                     argv,
                     cwd=cwd,
@@ -366,10 +390,8 @@ class Runner:
         except PermissionError as e:
             raise BadRequest(f"permission denied: {e.filename}", 422)
         finally:
-            if procs_fd is not None:
-                os.close(procs_fd)
-                if proc is None:  # it never started: its cgroup is empty
-                    JOB_CGROUPS.release(marker)
+            if proc is None and JOB_CGROUPS is not None:  # it never started: its cgroup is empty
+                JOB_CGROUPS.release(marker)
         with self.lock:
             self.active[job_id] = (proc, marker)
         if stdin is not None:

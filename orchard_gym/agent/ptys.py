@@ -85,19 +85,16 @@ def spawn(init: dict) -> tuple[subprocess.Popen, str, int]:
     env.setdefault("TERM", "xterm-256color")
     env.update(init["env"])
     env[JOB_MARKER] = marker
-    argv, procs_fd, pass_fds, hook = init["argv"], None, (), None
-    if jobs.JOB_CGROUPS is not None:
-        procs_fd, argv, pass_fds, hook = jobs.JOB_CGROUPS.prepare(marker, argv)
-
-    def child_setup():  # after setsid: the slave (fd 0) becomes the controlling terminal
-        if hook is not None:
-            hook()
-        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
-
+    joining = jobs.JOB_CGROUPS.joining(marker, init["argv"]) if jobs.JOB_CGROUPS is not None else jobs.as_is(init["argv"])
     proc = None
     try:
         _set_size(slave, init["rows"], init["cols"])
-        with _tracked_lock:
+        with joining as (argv, pass_fds, hook), _tracked_lock:
+            def child_setup():  # after setsid: the slave (fd 0) becomes the controlling terminal
+                if hook is not None:
+                    hook()
+                fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
             proc = subprocess.Popen(argv, cwd=init["cwd"], env=env, stdin=slave, stdout=slave, stderr=slave,
                                     start_new_session=True, preexec_fn=child_setup, pass_fds=pass_fds)
             _tracked_pids.add(proc.pid)
@@ -109,10 +106,8 @@ def spawn(init: dict) -> tuple[subprocess.Popen, str, int]:
         raise BadRequest(f"permission denied: {e.filename}", 422)
     finally:
         os.close(slave)
-        if procs_fd is not None:
-            os.close(procs_fd)
-            if proc is None:
-                jobs.JOB_CGROUPS.release(marker)
+        if proc is None and jobs.JOB_CGROUPS is not None:  # it never started: its cgroup is empty
+            jobs.JOB_CGROUPS.release(marker)
     return proc, marker, master
 
 
