@@ -105,15 +105,45 @@ def sandbox_ls(backend, base_url, api_key) -> None:
 
 
 @sandbox.command("gc")
-@click.option("--root", default=None, help="local sandbox root (default: $ORCHARD_LOCAL_ROOT or /tmp/orchard-gym-UID)")
+@click.option("--root", default=None, help="local sandbox root (default: $ORCHARD_LOCAL_ROOT or /tmp/orchard-gym-UID; "
+                                           "`orchard serve`'s: /tmp/orchard-gym-serve-UID)")
 @click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]))
 def sandbox_gc(root, backend) -> None:
-    """Remove sandboxes left behind by processes that died (local folders; docker containers and volumes)."""
+    """Remove sandboxes left behind by processes that died (local folders; docker containers and volumes),
+    and the warm-pool sandboxes, claimed or idle, of an `orchard serve` that is gone."""
+    import asyncio
+
     from .backends.config import parse_backend_config
 
     config = {"type": "docker"} if backend == "docker" else {"type": "local", "root": root}
-    swept = parse_backend_config(config).get_backend().swept  # both sweep when they start
+    the_backend = parse_backend_config(config).get_backend()
+    swept = list(the_backend.swept)  # both sweep when they start
+    if backend == "local":
+        swept += asyncio.run(_gc_pools(the_backend))
     click.echo(f"removed {len(swept)} sandbox(es): {' '.join(swept) or '-'}")
+
+
+async def _gc_pools(backend) -> list[str]:
+    """Pooled sandboxes whose orchestrator is gone and that no record claims (with
+    $ORCHARD_REDIS_URL set, the replicas' shared records are asked)."""
+    import os
+
+    from .service.pools import sweep_left_behind
+    from .service.store import MemoryStore
+
+    if os.environ.get("ORCHARD_REDIS_URL"):
+        from .service.app import make_store
+        from .service.settings import ServiceSettings
+
+        store = make_store(ServiceSettings())
+    else:
+        store = MemoryStore()
+    await store.start()
+    try:
+        return await sweep_left_behind(backend, store, None)
+    finally:
+        await store.aclose()
+        await backend.aclose()
 
 
 @main.command("agent", add_help_option=False,
