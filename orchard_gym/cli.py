@@ -325,6 +325,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
 
     results = asyncio.run(run())
     wall = time.monotonic() - started
+    ran = results  # what the ledger sums: with --best-of, every candidate's sandboxes and tokens
     if best_of_n > 1:  # keep the reranked episode of every N (see docs/value.md)
         from .cli_value import best_of
 
@@ -347,7 +348,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         _echo_pass_at_k(results, attempts)
         from .ledger import format_summary, summarize
 
-        click.echo(format_summary(summarize(results, price)))
+        click.echo(format_summary(summarize(ran, price)))
     for t in results:
         mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else \
             "resolved" if t.reward > 0 else "TAMPERING" if (t.report or {}).get("tampering") else "unresolved"
