@@ -158,6 +158,8 @@ def test_oracle_solves(env, task_id):
 def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
     """Each desktop case is a new sandbox (Xvfb, openbox, the programs); the do-nothing run,
     which only shows the checks can fail, is done once (the first task) to keep CI short."""
+    seen: list[str] = []
+
     async def both():
         async with AsyncSandboxClient({"type": "local", "root": str(root)}) as client:
             env = GUIEnv(client=client, tasks="desktop")
@@ -165,6 +167,7 @@ def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
                 solved = await run_episode(env, env.oracle_policy(), task_id, seed=0)
 
                 async def give_up(messages, tools):
+                    seen.append(repr(messages))  # what the policy sees: the text names the window
                     return {"name": "terminate", "arguments": {"status": "success"}}
 
                 unsolved = await run_episode(env, give_up, task_id, seed=0) if task_id == DESKTOP_SUBSET[0] else None
@@ -174,6 +177,8 @@ def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
 
     solved, unsolved = run(both())
     assert solved.error is None and solved.reward == 1.0, solved.report
+    if unsolved is not None:  # the editor's title names the file, never the sandbox's host folder
+        assert "Title: draft.txt - Mousepad" in seen[0] and str(root) not in seen[0], seen[0][:2000]
     if unsolved is not None:
         assert unsolved.reward == 0.0 and not all(c["passed"] for c in unsolved.report["checks"])
 

@@ -54,6 +54,17 @@ URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
 TERMINALS = {"stterm", "st", "xterm", "x-terminal-emulator", "urxvt", "rxvt"}
 
+# GSettings the programs read (GIO's keyfile backend): Mousepad's title names the file only,
+# never the sandbox's folder (a host path on the local backend) that the policy must not see
+SETTINGS = "[org/xfce/mousepad/preferences/window]\npath-in-title=false\n"
+
+
+def write_settings(config_home: str) -> None:
+    folder = os.path.join(config_home, "glib-2.0", "settings")
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    with open(os.path.join(folder, "keyfile"), "w") as f:
+        f.write(SETTINGS)
+
 
 class Daemon:
     def __init__(self, config: dict, home: str):
@@ -75,8 +86,10 @@ class Daemon:
         self.startup: dict[str, float] = {}  # seconds each start-up wait took (the hello reports them)
         self.lock = threading.Lock()
         self.env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-                    "XDG_RUNTIME_DIR": os.path.join(home, ".gui", "xdg"), "NO_AT_BRIDGE": "1"}
+                    "XDG_RUNTIME_DIR": os.path.join(home, ".gui", "xdg"), "NO_AT_BRIDGE": "1",
+                    "GSETTINGS_BACKEND": "keyfile", "XDG_CONFIG_HOME": os.path.join(home, ".gui", "config")}
         os.makedirs(self.env["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+        write_settings(self.env["XDG_CONFIG_HOME"])
         self.log = open(os.path.join(home, ".gui", "programs.log"), "ab")
 
     # ---------------------------------------------------------------- start
