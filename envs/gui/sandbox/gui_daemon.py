@@ -54,16 +54,20 @@ URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
 TERMINALS = {"stterm", "st", "xterm", "x-terminal-emulator", "urxvt", "rxvt"}
 
-# GSettings the programs read (GIO's keyfile backend): Mousepad's title names the file only,
-# never the sandbox's folder (a host path on the local backend) that the policy must not see
-SETTINGS = "[org/xfce/mousepad/preferences/window]\npath-in-title=false\n"
+# Settings files the programs read from the daemon's private config home. GSettings (GIO's
+# keyfile backend): Mousepad's title names the file only, never the sandbox's folder (a host
+# path on the local backend) that the policy must not see. GTK: no blinking caret, so a
+# screenshot does not depend on when it was taken (reset(seed=...) gives the same observation)
+SETTINGS = {"glib-2.0/settings/keyfile": "[org/xfce/mousepad/preferences/window]\npath-in-title=false\n",
+            "gtk-3.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\n"}
 
 
 def write_settings(config_home: str) -> None:
-    folder = os.path.join(config_home, "glib-2.0", "settings")
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    with open(os.path.join(folder, "keyfile"), "w") as f:
-        f.write(SETTINGS)
+    for name, text in SETTINGS.items():
+        path = os.path.join(config_home, name)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 class Daemon:
