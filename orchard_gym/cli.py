@@ -50,7 +50,10 @@ def main() -> None:
     """orchard-gym: sandboxes and Gymnasium envs for LLM agents."""
     import warnings
 
+    from .warnings_once import install as warnings_once
+
     warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per step
+    warnings_once()  # ... even where a dependency's catch_warnings blocks reset "once"
 
 
 def _client(backend: str, base_url: str | None, api_key: str | None):

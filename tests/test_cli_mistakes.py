@@ -153,3 +153,14 @@ def test_ctrl_c_during_the_imports_is_one_line(loaded, tmp_path):
     out, err = p.communicate(timeout=120)
     said = [ln for ln in [*seen, *err.splitlines()] if ln.strip() and not ln.startswith("import time:")]
     assert p.returncode == 130 and said == ["Error: interrupted (nothing had started yet)"], "".join(seen) + err
+
+
+def test_a_dependency_warning_is_shown_once_even_across_catch_warnings():
+    """TRL/transformers open a catch_warnings block each training step, which resets what
+    filterwarnings("once") remembers: the same deprecation then printed every step."""
+    code = ("import warnings\nfrom orchard_gym.warnings_once import install\ninstall()\n"
+            "for step in range(3):\n    with warnings.catch_warnings():\n"
+            "        warnings.simplefilter('default')\n        warnings.warn('x is deprecated', FutureWarning)\n"
+            "warnings.warn('another one', UserWarning)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr.count("x is deprecated") == 1 and "another one" in r.stderr, r.stderr
