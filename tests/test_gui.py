@@ -24,6 +24,7 @@ from orchard_gym.envs.gui.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episode
 
 from components import needs, require
+from service_helpers import short_root
 
 
 def _missing() -> str | None:
@@ -82,6 +83,17 @@ def test_builtin_tasks_and_oracles():
 def test_check_env_clean(env):
     check_env(env, skip_render_check=True)
     assert env.observation_space["screenshot"].shape == (720, 1280, 3)
+
+
+def test_check_env_on_the_default_tasks():
+    """`gym.make("Orchard/GUI-v0")` as a new user makes it (MiniWoB and desktop tasks, a fresh
+    sandbox per kind): reset(seed=123) twice gives the same observation (the task server's
+    port, which the text's URL shows, and the editor's caret no longer vary)."""
+    env = gym.make("Orchard/GUI-v0", backend={"type": "local", "root": str(short_root("gui-ce"))})
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
 
 
 def test_click_changes_the_screenshot_where_it_clicked(env):

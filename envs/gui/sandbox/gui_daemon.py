@@ -49,6 +49,7 @@ KEY_NAMES = {"ctrl": "ctrl", "control": "ctrl", "alt": "alt", "shift": "shift", 
              "insert": "Insert", "capslock": "Caps_Lock", "plus": "plus", "minus": "minus"}
 BUTTONS = {"left_click": (1, 1), "right_click": (3, 1), "middle_click": (2, 1), "double_click": (1, 2),
            "triple_click": (1, 3)}
+TASK_PORT = 17380  # the task pages' server, where it is free (the agent's port in a container is 8765)
 SCROLL_NOTCH = 100  # pixels per wheel click (Chromium on X11 scrolls about this much)
 URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
@@ -159,7 +160,10 @@ class Daemon:
         if not root:
             return
         handler = functools.partial(QuietHandler, directory=root)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:  # one port in every sandbox: the URL the policy reads is the same at each reset(seed)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", TASK_PORT), handler)
+        except OSError:  # taken: a sandbox on the host's network (no namespace of its own)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.http_port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
