@@ -89,11 +89,13 @@ def test_check_env_on_the_default_tasks():
     """`gym.make("Orchard/GUI-v0")` as a new user makes it (MiniWoB and desktop tasks, a fresh
     sandbox per kind): reset(seed=123) twice gives the same observation (the task server's
     port, which the text's URL shows, and the editor's caret no longer vary)."""
-    env = gym.make("Orchard/GUI-v0", backend={"type": "local", "root": str(short_root("gui-ce"))})
+    root = short_root("gui-ce")
+    env = gym.make("Orchard/GUI-v0", backend={"type": "local", "root": str(root)})
     try:
         check_env(env.unwrapped, skip_render_check=True)
     finally:
         env.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_click_changes_the_screenshot_where_it_clicked(env):
