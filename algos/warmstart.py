@@ -18,8 +18,9 @@ from pathlib import Path
 
 def sft_warm_start(model, tokenizer, conversations: Sequence[list[dict]], *, steps: int = 40,
                    learning_rate: float = 3e-3, batch_size: int = 16, output_dir: str | Path | None = None,
-                   seed: int = 0, **overrides):
-    """Train `model` in place on `conversations` for `steps` optimiser steps; returns TRL's train output."""
+                   seed: int = 0, progress: str | None = None, **overrides):
+    """Train `model` in place on `conversations` for `steps` optimiser steps; returns TRL's train output.
+    `progress`: the label of a progress bar (with ETA and the loss) over the steps."""
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
@@ -36,6 +37,10 @@ def sft_warm_start(model, tokenizer, conversations: Sequence[list[dict]], *, ste
         kwargs.pop("bf16")
     dataset = Dataset.from_dict({"messages": [list(c) for c in conversations]})
     trainer = SFTTrainer(model=model, args=SFTConfig(**kwargs), train_dataset=dataset, processing_class=tokenizer)
+    if progress:
+        from .progress import step_bar
+
+        step_bar(trainer, progress, ("loss",))
     result = trainer.train()
     # The trainer leaves an instance `forward` wrapper bound to THIS object (and gradient checkpointing
     # on, with an input-grad hook): a copy.deepcopy of the model then runs the original's forward, so the

@@ -402,7 +402,7 @@ class LocalBackend(Backend):
             error=error,
             endpoint=AgentEndpoint(uds=meta["socket"], token=self._token(meta)),
             details={"isolation": meta["isolation"], "network": meta["network"], "pid": meta.get("pid"),
-                     "host_workdir": meta["workdir"],
+                     "host_workdir": meta["workdir"], "creator": meta.get("owner"),  # gc: whose process is gone
                      "spawner": meta.get("spawner", "bwrap" if meta["isolation"] == "bwrap" else "process")},
         )
 

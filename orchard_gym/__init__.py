@@ -5,8 +5,12 @@ Importing the package is cheap: it never imports torch, docker or kubernetes.
 
 from __future__ import annotations
 
-from .client import AsyncSandboxClient, AsyncSandboxInstance, SandboxClient, SandboxInstance
-from .errors import (
+from .cli_start import arm as _arm_cli_start
+
+_arm_cli_start()  # the `orchard` command: Ctrl-C during these imports is one line, not a traceback
+
+from .client import AsyncSandboxClient, AsyncSandboxInstance, SandboxClient, SandboxInstance  # noqa: E402
+from .errors import (  # noqa: E402
     AgentUnavailable,
     AuthenticationError,
     BackendError,
@@ -20,12 +24,12 @@ from .errors import (
     ServiceUnavailable,
     SnapshotNotFound,
 )
-from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
-from .terminal import AsyncPtyProcess, PtyError, PtyProcess
+from .models import ExecEvent, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord  # noqa: E402
+from .terminal import AsyncPtyProcess, PtyError, PtyProcess  # noqa: E402
 
 __version__ = "0.1.0"
 
-from .registration import register_envs as _register_envs
+from .registration import register_envs as _register_envs  # noqa: E402
 
 _register_envs()
 

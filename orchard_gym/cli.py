@@ -15,8 +15,10 @@ class _Group(click.Group):
     """Shows our own errors as one clear line instead of a traceback."""
 
     def invoke(self, ctx):
+        from .cli_start import disarm
         from .errors import OrchardError
 
+        disarm()  # from here on Ctrl-C is a KeyboardInterrupt: what the command started is cleaned up
         try:
             return super().invoke(ctx)
         except OrchardError as e:
@@ -48,7 +50,10 @@ def main() -> None:
     """orchard-gym: sandboxes and Gymnasium envs for LLM agents."""
     import warnings
 
+    from .warnings_once import install as warnings_once
+
     warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per step
+    warnings_once()  # ... even where a dependency's catch_warnings blocks reset "once"
 
 
 def _client(backend: str, base_url: str | None, api_key: str | None):
@@ -105,15 +110,45 @@ def sandbox_ls(backend, base_url, api_key) -> None:
 
 
 @sandbox.command("gc")
-@click.option("--root", default=None, help="local sandbox root (default: $ORCHARD_LOCAL_ROOT or /tmp/orchard-gym-UID)")
+@click.option("--root", default=None, help="local sandbox root (default: $ORCHARD_LOCAL_ROOT or /tmp/orchard-gym-UID; "
+                                           "`orchard serve`'s: /tmp/orchard-gym-serve-UID)")
 @click.option("--backend", default="local", show_default=True, type=click.Choice(["local", "docker"]))
 def sandbox_gc(root, backend) -> None:
-    """Remove sandboxes left behind by processes that died (local folders; docker containers and volumes)."""
+    """Remove sandboxes left behind by processes that died (local folders; docker containers and volumes),
+    and the warm-pool sandboxes, claimed or idle, of an `orchard serve` that is gone."""
+    import asyncio
+
     from .backends.config import parse_backend_config
 
     config = {"type": "docker"} if backend == "docker" else {"type": "local", "root": root}
-    swept = parse_backend_config(config).get_backend().swept  # both sweep when they start
+    the_backend = parse_backend_config(config).get_backend()
+    swept = list(the_backend.swept)  # both sweep when they start
+    if backend == "local":
+        swept += asyncio.run(_gc_pools(the_backend))
     click.echo(f"removed {len(swept)} sandbox(es): {' '.join(swept) or '-'}")
+
+
+async def _gc_pools(backend) -> list[str]:
+    """Pooled sandboxes whose orchestrator is gone and that no record claims (with
+    $ORCHARD_REDIS_URL set, the replicas' shared records are asked)."""
+    import os
+
+    from .service.pools import sweep_left_behind
+    from .service.store import MemoryStore
+
+    if os.environ.get("ORCHARD_REDIS_URL"):
+        from .service.app import make_store
+        from .service.settings import ServiceSettings
+
+        store = make_store(ServiceSettings())
+    else:
+        store = MemoryStore()
+    await store.start()
+    try:
+        return await sweep_left_behind(backend, store, None)
+    finally:
+        await store.aclose()
+        await backend.aclose()
 
 
 @main.command("agent", add_help_option=False,
@@ -302,6 +337,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
 
     results = asyncio.run(run())
     wall = time.monotonic() - started
+    ran = results  # what the ledger sums: with --best-of, every candidate's sandboxes and tokens
     if best_of_n > 1:  # keep the reranked episode of every N (see docs/value.md)
         from .cli_value import best_of
 
@@ -324,7 +360,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         _echo_pass_at_k(results, attempts)
         from .ledger import format_summary, summarize
 
-        click.echo(format_summary(summarize(results, price)))
+        click.echo(format_summary(summarize(ran, price)))
     for t in results:
         mark = ("BROKEN TASK " if t.error_kind == "grading" else "ERROR ") + t.error if t.error else \
             "resolved" if t.reward > 0 else "TAMPERING" if (t.report or {}).get("tampering") else "unresolved"

@@ -35,6 +35,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per evaluation
 torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "2")))
@@ -42,6 +43,8 @@ torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "2")))
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, evaluate, make_grpo_config  # noqa: E402
 from orchard_gym.algos.plot import plot_run  # noqa: E402
+from orchard_gym.algos.progress import step_bar  # noqa: E402
+from orchard_gym.warnings_once import install as warnings_once  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.algos.warmstart import sft_warm_start  # noqa: E402
 from orchard_gym.envs.toy.env import make_tasks, oracle_messages  # noqa: E402
@@ -67,6 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--backend-root", default=None, help="local backend root (default: the backend's)")
     a = ap.parse_args(argv)
+    warnings_once()  # a dependency's deprecation, warned each training step: shown once
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -94,7 +98,7 @@ def main(argv=None) -> int:
     # 3. warm start
     sft = sft_warm_start(model, tokenizer, [oracle_messages(tasks[t], SYSTEM) for t in train_ids],
                          steps=a.sft_steps, learning_rate=a.sft_lr, batch_size=16, output_dir=out / "sft-trainer",
-                         seed=a.seed)
+                         seed=a.seed, progress="SFT warm start")
     model.save_pretrained(str(out / "sft"))
     tokenizer.save_pretrained(str(out / "sft"))
     (out / "system_prompt.txt").write_text(SYSTEM)
@@ -110,8 +114,8 @@ def main(argv=None) -> int:
         evals.append(row)
         with (out / "eval.jsonl").open("a") as f:
             f.write(json.dumps(row) + "\n")
-        print(f"[demo] eval @ step {step}: success {row['success_rate']:.3f} (sampled, T=1), "
-              f"{row['greedy_success_rate']:.3f} (greedy)", flush=True)
+        tqdm.write(f"[demo] eval @ step {step}: success {row['success_rate']:.3f} (sampled, T=1), "
+                   f"{row['greedy_success_rate']:.3f} (greedy)")  # above the GRPO bar, not through it
         return row
 
     run_eval(0)
@@ -124,9 +128,10 @@ def main(argv=None) -> int:
             if state.global_step % a.eval_every == 0 and state.global_step < a.steps:
                 run_eval(state.global_step)
 
-    config = make_grpo_config(out, args, steps=a.steps, learning_rate=a.lr, disable_tqdm=True)
+    config = make_grpo_config(out, args, steps=a.steps, learning_rate=a.lr)
     trainer, rollout = build_trainer(model, tokenizer, args, config, metrics_path=out / "metrics.jsonl",
                                      callbacks=[EvalEvery()])
+    step_bar(trainer, a.algo.upper(), ("reward", "loss"))  # one bar with ETA, not a dict line per step
     try:
         trainer.train()
     finally:

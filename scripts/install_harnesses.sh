@@ -3,22 +3,48 @@
 # cache ($ORCHARD_CACHE, default ~/.cache/orchard-gym/harness/), which local sandboxes see
 # read-only, and the archives shipped into docker/kubernetes sandboxes (an npm harness's
 # `sandbox_payload`, a pip harness's whole venv). Idempotent: an install or archive already
-# there is kept (each is keyed by what it holds).
-#   bash scripts/install_harnesses.sh [NAME ...]     # default: every built-in harness
+# there is kept (each is keyed by what it holds). One line per harness, said before the
+# (possibly minutes-long) work starts; --paths also prints where each part lies.
+#   bash scripts/install_harnesses.sh [--paths] [NAME ...]     # default: every built-in harness
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec .venv/bin/python - "$@" <<'PY'
 import sys
+import time
+
+from orchard_gym.envs.swe.venvs import cache_root
 from orchard_gym.wrappers.harness import all_harnesses
 from orchard_gym.wrappers.harness_install import ensure_payload, ensure_venv_payload
 
-names = sys.argv[1:] or sorted(all_harnesses())
+args = sys.argv[1:]
+paths = "--paths" in args
+known = all_harnesses()
+names = [a for a in args if a != "--paths"] or sorted(known)
+unknown = [n for n in names if n not in known]
+if unknown:
+    sys.exit(f"install_harnesses: unknown harness {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+print(f"[harnesses] {len(names)} into {cache_root() / 'harness'} (pinned packages; minutes the first time, "
+      "seconds once there)", flush=True)
+failed: list[str] = []
 for name in names:
-    h = all_harnesses()[name]
-    venv, npm = h.install(), h.install_npm()
-    shipped = ensure_venv_payload(venv) if venv else None
-    payload = ensure_payload(npm, h.sandbox_payload) if npm and h.sandbox_payload else None
-    parts = [f"{k} {v}" for k, v in (("venv", venv), ("npm", npm), ("venv archive", shipped),
-                                      ("payload", payload)) if v]
-    print(f"{name}: {', '.join(parts) or 'nothing to install'}")
+    h = known[name]
+    pins = ", ".join([*(f"pip {r}" for r in h.requirements), *(f"npm {p}" for p in h.npm)]) or "nothing to install"
+    print(f"[harnesses] {name}: {pins} ...", end="", flush=True)
+    started = time.monotonic()
+    try:
+        venv, npm = h.install(), h.install_npm()
+        shipped = ensure_venv_payload(venv) if venv else None
+        payload = ensure_payload(npm, h.sandbox_payload) if npm and h.sandbox_payload else None
+    except Exception as e:  # npm missing, no network, a failed build: said in one line, the others go on
+        print(f" FAILED: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}", flush=True)
+        failed.append(name)
+        continue
+    print(f" ready ({time.monotonic() - started:.0f}s)", flush=True)
+    if paths:
+        for what, where in (("venv", venv), ("npm", npm), ("venv archive", shipped), ("payload", payload)):
+            if where:
+                print(f"    {what}: {where}")
+if failed:
+    sys.exit(f"[harnesses] not installed: {', '.join(failed)}")
+print("[harnesses] done: gym.make(ENV, harness=NAME), orchard eval --harness NAME (docs/harnesses.md)")
 PY

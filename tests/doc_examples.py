@@ -11,6 +11,8 @@ Markers are HTML comments (invisible on the rendered page) on the lines right ab
     <!-- continues -->            python: runs in one process after the page's previous python block
     <!-- needs: docker, train --> components (tests/components.py): skipped where missing, failing in CI
     <!-- timeout: 300 -->         seconds (default 90)
+    <!-- serve -->                an `orchard serve` (local backend, API key `secret`) runs beside the
+                                  block; the block's 127.0.0.1:8000 / localhost:8000 become its free port
 
 `python tests/doc_examples.py` prints the counts (run / not runnable, with reasons / total).
 """
@@ -24,7 +26,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CODE = {"python", "bash", "sh"}
-MARKER = re.compile(r"^\s*<!--\s*(not-run|slow|continues|needs|timeout)\s*(?::\s*(.*?))?\s*-->\s*$")
+MARKER = re.compile(r"^\s*<!--\s*(not-run|slow|continues|needs|timeout|serve)\s*(?::\s*(.*?))?\s*-->\s*$")
 FENCE = re.compile(r"^(\s*)(`{3,})(\S*)")
 DEFAULT_TIMEOUT = 90
 # containers, browsers, harness installs, training stacks: the full tier only (as tests/tiers.py)
@@ -87,7 +89,7 @@ def parse(path: Path) -> list[Block]:
             mk = MARKER.match(lines[k])
             if mk:
                 block.markers[mk.group(1)] = mk.group(2) or ""
-            elif re.match(r"^\s*<!--\s*(not.run|slow|contin|needs|timeout)", lines[k], re.I):
+            elif re.match(r"^\s*<!--\s*(not.run|slow|contin|needs|timeout|serve)", lines[k], re.I):
                 block.problems.append(f"malformed marker {lines[k].strip()!r}")
             k -= 1
         if not lang:

@@ -130,3 +130,37 @@ def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
     assert err.strip().splitlines()[-1].startswith("Error: interrupted"), err[-3000:]
     wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
     assert not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
+
+
+@pytest.mark.parametrize("loaded", ["click.core", "gymnasium.core"])  # early and late in the package's imports
+def test_ctrl_c_during_the_imports_is_one_line(loaded, tmp_path):
+    """Ctrl-C while `orchard` is still importing (a second or two under load): one line and
+    exit 130, not the traceback of whatever module was loading. -X importtime reports each
+    module as it is loaded: the signal goes once LOADED is, with more imports to come."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-X", "importtime", "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "nothing"],
+                         cwd=tmp_path, env={**os.environ, "ORCHARD_LOCAL_ROOT": str(short_root("cli"))},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if line.split("|")[-1].strip() == loaded:
+            p.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground process)
+            break
+    else:
+        p.kill()
+    out, err = p.communicate(timeout=120)
+    said = [ln for ln in [*seen, *err.splitlines()] if ln.strip() and not ln.startswith("import time:")]
+    assert p.returncode == 130 and said == ["Error: interrupted (nothing had started yet)"], "".join(seen) + err
+
+
+def test_a_dependency_warning_is_shown_once_even_across_catch_warnings():
+    """TRL/transformers open a catch_warnings block each training step, which resets what
+    filterwarnings("once") remembers: the same deprecation then printed every step."""
+    code = ("import warnings\nfrom orchard_gym.warnings_once import install\ninstall()\n"
+            "for step in range(3):\n    with warnings.catch_warnings():\n"
+            "        warnings.simplefilter('default')\n        warnings.warn('x is deprecated', FutureWarning)\n"
+            "warnings.warn('another one', UserWarning)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stderr.count("x is deprecated") == 1 and "another one" in r.stderr, r.stderr

@@ -9,8 +9,10 @@ each in its own process group, which is killed when the block ends: nothing is l
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -105,14 +107,38 @@ def test_doc_example(block, page_dirs):
     for name in block.needs:
         require(name, WHY_NOT[name]())
     cwd = page_dirs(block.page)
+    with _served(block) as code:
+        _run(block, code, cwd)
+
+
+@contextlib.contextmanager
+def _served(block):
+    """The block's code, and for a `serve` block the orchestrator it talks to (at a free port)."""
+    if "serve" not in block.markers:
+        yield block.code
+        return
+    require("server", WHY_NOT["server"]())
+    from service_helpers import Orchestrator, remove_all_sandboxes, short_root
+
+    root = short_root("doc")
+    orch = Orchestrator(root, api_key="secret")
+    try:
+        yield re.sub(r"(127\.0\.0\.1|localhost):8000\b", f"127.0.0.1:{orch.port}", block.code)
+    finally:
+        orch.stop()
+        remove_all_sandboxes(root)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(block, code: str, cwd: Path) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "PYTHONUNBUFFERED": "1"}
     if block.lang == "python":
         script = cwd / f".example-{block.line}.py"
-        script.write_text(block.prefix + block.code)
+        script.write_text(block.prefix + code)
         cmd = [sys.executable, script.name]
     else:
-        cmd = ["bash", "-eo", "pipefail", "-c", block.code]
+        cmd = ["bash", "-eo", "pipefail", "-c", code]
     mark = f"ORCHARD_DOC_EXAMPLE={uuid.uuid4().hex}"  # finds what the block left behind, daemons included
     env[mark.split("=")[0]] = mark.split("=")[1]
     log = cwd / f".example-{block.line}.log"

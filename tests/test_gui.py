@@ -24,6 +24,7 @@ from orchard_gym.envs.gui.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episode
 
 from components import needs, require
+from service_helpers import short_root
 
 
 def _missing() -> str | None:
@@ -82,6 +83,19 @@ def test_builtin_tasks_and_oracles():
 def test_check_env_clean(env):
     check_env(env, skip_render_check=True)
     assert env.observation_space["screenshot"].shape == (720, 1280, 3)
+
+
+def test_check_env_on_the_default_tasks():
+    """`gym.make("Orchard/GUI-v0")` as a new user makes it (MiniWoB and desktop tasks, a fresh
+    sandbox per kind): reset(seed=123) twice gives the same observation (the task server's
+    port, which the text's URL shows, and the editor's caret no longer vary)."""
+    root = short_root("gui-ce")
+    env = gym.make("Orchard/GUI-v0", backend={"type": "local", "root": str(root)})
+    try:
+        check_env(env.unwrapped, skip_render_check=True)
+    finally:
+        env.close()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_click_changes_the_screenshot_where_it_clicked(env):
@@ -158,6 +172,8 @@ def test_oracle_solves(env, task_id):
 def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
     """Each desktop case is a new sandbox (Xvfb, openbox, the programs); the do-nothing run,
     which only shows the checks can fail, is done once (the first task) to keep CI short."""
+    seen: list[str] = []
+
     async def both():
         async with AsyncSandboxClient({"type": "local", "root": str(root)}) as client:
             env = GUIEnv(client=client, tasks="desktop")
@@ -165,6 +181,7 @@ def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
                 solved = await run_episode(env, env.oracle_policy(), task_id, seed=0)
 
                 async def give_up(messages, tools):
+                    seen.append(repr(messages))  # what the policy sees: the text names the window
                     return {"name": "terminate", "arguments": {"status": "success"}}
 
                 unsolved = await run_episode(env, give_up, task_id, seed=0) if task_id == DESKTOP_SUBSET[0] else None
@@ -174,8 +191,25 @@ def test_desktop_oracle_and_a_do_nothing_policy(root, task_id):
 
     solved, unsolved = run(both())
     assert solved.error is None and solved.reward == 1.0, solved.report
+    if unsolved is not None:  # the editor's title names the file, never the sandbox's host folder
+        assert "Title: draft.txt - Mousepad" in seen[0] and str(root) not in seen[0], seen[0][:2000]
     if unsolved is not None:
         assert unsolved.reward == 0.0 and not all(c["passed"] for c in unsolved.report["checks"])
+
+
+def test_desktop_screenshots_do_not_depend_on_when_they_are_taken(root):
+    """The editor's caret does not blink (GTK settings in the daemon's config home): what a
+    reset shows is the same whenever the frame is grabbed, so check_env's reset(seed=123)
+    twice gives equal observations on the default tasks (a blinking caret differed in 18 pixels)."""
+    env = GUIEnv(backend={"type": "local", "root": str(root)}, tasks="desktop")
+    try:
+        obs, _ = env.reset(seed=0, options={"task_id": "desktop/editor-append"})
+        first = obs["screenshot"].copy()
+        for seconds in (0.3, 0.35, 0.4, 0.45, 0.5, 0.55):  # a GTK caret blinks every 0.6 s
+            obs, *_ = env.step({"name": "wait", "arguments": {"time": seconds}})
+            assert np.array_equal(obs["screenshot"], first), f"the screen changed after {seconds} s of waiting"
+    finally:
+        env.close()
 
 
 def test_step_budget_truncates(env):

@@ -21,6 +21,7 @@ from service_helpers import Orchestrator, remove_all_sandboxes, short_root
 from conftest import wait_until
 from orchard_gym import AsyncSandboxClient, InvalidRequest, SandboxClient
 from orchard_gym.errors import BackendError
+from orchard_gym.cli import main as cli_main
 from orchard_gym.backends.config import parse_backend_config
 from orchard_gym.pool import ControlProvider, PoolSpec, WarmPool, match_key, parse_pool_option, parse_pools
 
@@ -261,13 +262,18 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
         refilled = set(asyncio.run(_left_in(root))) - {sid, labelled}
         assert len(refilled) == 1  # the refill: idle, so listed to nobody
         assert {s["sandbox_id"] for s in alice.get("/sandboxes").json()} == {sid, labelled}
+        gc = CliRunner().invoke(cli_main, ["sandbox", "gc", "--root", str(root)])
+        assert gc.exit_code == 0 and gc.output == "removed 0 sandbox(es): -\n", gc.output  # a live server's pool
         orch.stop()  # drains the idle ones; claimed ones live on like any other sandbox
         assert set(asyncio.run(_left_in(root))) == {sid, labelled}
         alice.close()
         bob.close()
-        # a restart (state in memory: the records are gone, pools or not): the plain sandbox is
-        # adopted (its owner label is on it); the claimed pooled one, which only the lost record
-        # made anyone's, is swept instead of running on unreachable
+        # gc finds the claim the stopped server's in-memory record alone made anyone's; the
+        # plain sandbox (its owner label is on it) stays for a restart to adopt
+        gc = CliRunner().invoke(cli_main, ["sandbox", "gc", "--root", str(root)])
+        assert gc.exit_code == 0 and gc.output == f"removed 1 sandbox(es): {sid}\n", gc.output
+        assert set(asyncio.run(_left_in(root))) == {labelled}
+        # a restart (state in memory: the records are gone, pools or not): the plain sandbox is adopted
         orch = Orchestrator(root, log_dir=tmp_path, api_key=ALICE, api_keys=f"{ALICE},{BOB}")
         with orch.http() as again:
             assert wait_until(lambda: set(asyncio.run(_left_in(root))) == {labelled}, 30), asyncio.run(_left_in(root))

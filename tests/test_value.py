@@ -294,6 +294,8 @@ def test_pool_value_rerank_and_online_best_of(episodes, server, tiny, tmp_path):
     candidates = [json.loads(x) for x in out.read_text().splitlines()]
     picks = [json.loads(x) for x in out.with_suffix(".best-of.jsonl").read_text().splitlines()]
     assert len(candidates) == 16 and len(picks) == 4 and "best-of-4: 4 picks of 16 candidates" in r.output
+    # the ledger is the run's cost: every candidate's sandbox, not the picks' alone
+    assert int(re.search(r"^ledger: (\d+) sandboxes", r.output, re.M)[1]) >= 16, r.output
     for p in picks:
         b = p["metadata"]["best_of"]
         assert b["n"] == 4 and len(b["scores"]) == 4 and (p["reward"] > 0) <= any(b["resolved"])

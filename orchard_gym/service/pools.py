@@ -7,7 +7,8 @@ which is what every route checks), so a sandbox claimed by key A is A's alone; f
 on it is deleted, reaped and failed like any other sandbox.
 
 Pools are per replica. On start, a replica (pools or not) deletes the pooled sandboxes of replicas that
-are gone and that no record claims (an idle pool a dead replica left behind).
+are gone and that no record claims (an idle pool a dead replica left behind, or a claim whose
+in-memory record died with it); `orchard sandbox gc` does the same for local sandboxes.
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 import logging
 import time
 
+from orchard_gym.backends import procs
+from orchard_gym.backends.base import OWNER_LABEL
 from orchard_gym.models import AgentEndpoint, SandboxRecord, SandboxSpec
 from orchard_gym.pool import PoolSet, PoolSpec
 
-from .auth import OWNER_LABEL
 from .store import Store
 
 log = logging.getLogger("orchard_gym.service.pools")
@@ -46,20 +48,30 @@ class BackendProvider:
         await self.backend.delete(sandbox_id)
 
 
-async def sweep_left_behind(backend, store: Store, replica: str) -> None:
-    """On a replica's start, pools or not: delete the pooled sandboxes of replicas that are gone
-    that no record claims: idle ones, and claimed ones whose record went with an in-memory
-    state (unreachable by anyone, and no owner label on them to adopt them by)."""
+async def sweep_left_behind(backend, store: Store, replica: str | None) -> list[str]:
+    """Delete the pooled sandboxes of replicas that are gone that no record claims: idle ones,
+    and claimed ones whose record went with an in-memory state (unreachable by anyone, and no
+    owner label on them to adopt them by). Run by a replica's start (pools or not) and by
+    `orchard sandbox gc` (`replica=None`: no replica of its own, and only sandboxes whose
+    backend names the process that made them)."""
+    deleted = []
     for record in await backend.list():
         pool_of = record.labels.get(POOL_LABEL)
         if not pool_of or pool_of == replica or OWNER_LABEL in record.labels:
             continue
-        # an in-memory state is one replica's: any other replica's pool is a previous run's
-        gone = store.kind == "memory" or not await store.replica_alive(pool_of)
+        creator = record.details.get("creator")  # the local backend's: the replica's process
+        if creator is not None:
+            gone = not procs.alive(creator)
+        elif replica is None:
+            continue  # gc cannot tell a running replica's pool from a dead one's
+        else:  # an in-memory state is one replica's: any other replica's pool is a previous run's
+            gone = store.kind == "memory" or not await store.replica_alive(pool_of)
         if gone and await store.get_sandbox(record.sandbox_id) is None:
             await backend.delete(record.sandbox_id)
+            deleted.append(record.sandbox_id)
             log.info("sandbox deleted", extra={"sandbox_id": record.sandbox_id,
                                                "reason": "in the pool of a replica that is gone, claimed by no record"})
+    return deleted
 
 
 class ServicePools:

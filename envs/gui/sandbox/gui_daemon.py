@@ -51,10 +51,26 @@ BUTTONS = {"left_click": (1, 1), "right_click": (3, 1), "middle_click": (2, 1), 
            "triple_click": (1, 3)}
 # actions whose X input the page counts (mouseup, keyup, wheel): act() waits until it did
 INPUT_ACTIONS = {*BUTTONS, "left_click_drag", "type", "key", "scroll", "hscroll"}
+TASK_PORT = 17380  # the task pages' server, where it is free (the agent's port in a container is 8765)
 SCROLL_NOTCH = 100  # pixels per wheel click (Chromium on X11 scrolls about this much)
 URL_SCHEMES = ("http", "https", "about")
 # programs whose window is a terminal: ready only once their shell waits for input
 TERMINALS = {"stterm", "st", "xterm", "x-terminal-emulator", "urxvt", "rxvt"}
+
+# Settings files the programs read from the daemon's private config home. GSettings (GIO's
+# keyfile backend): Mousepad's title names the file only, never the sandbox's folder (a host
+# path on the local backend) that the policy must not see. GTK: no blinking caret, so a
+# screenshot does not depend on when it was taken (reset(seed=...) gives the same observation)
+SETTINGS = {"glib-2.0/settings/keyfile": "[org/xfce/mousepad/preferences/window]\npath-in-title=false\n",
+            "gtk-3.0/settings.ini": "[Settings]\ngtk-cursor-blink=false\n"}
+
+
+def write_settings(config_home: str) -> None:
+    for name, text in SETTINGS.items():
+        path = os.path.join(config_home, name)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 class Daemon:
@@ -77,8 +93,10 @@ class Daemon:
         self.startup: dict[str, float] = {}  # seconds each start-up wait took (the hello reports them)
         self.lock = threading.Lock()
         self.env = {"HOME": home, "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8",
-                    "XDG_RUNTIME_DIR": os.path.join(home, ".gui", "xdg"), "NO_AT_BRIDGE": "1"}
+                    "XDG_RUNTIME_DIR": os.path.join(home, ".gui", "xdg"), "NO_AT_BRIDGE": "1",
+                    "GSETTINGS_BACKEND": "keyfile", "XDG_CONFIG_HOME": os.path.join(home, ".gui", "config")}
         os.makedirs(self.env["XDG_RUNTIME_DIR"], mode=0o700, exist_ok=True)
+        write_settings(self.env["XDG_CONFIG_HOME"])
         self.log = open(os.path.join(home, ".gui", "programs.log"), "ab")
 
     # ---------------------------------------------------------------- start
@@ -144,7 +162,10 @@ class Daemon:
         if not root:
             return
         handler = functools.partial(QuietHandler, directory=root)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        try:  # one port in every sandbox: the URL the policy reads is the same at each reset(seed)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", TASK_PORT), handler)
+        except OSError:  # taken: a sandbox on the host's network (no namespace of its own)
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.http_port = server.server_address[1]
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
