@@ -104,8 +104,8 @@ def resolve_case(case: str, sm: dict[str, str]) -> str | None:
 
 def grade(log: str, fail_to_pass: list[str], pass_to_pass: list[str]) -> dict:
     sm = parse_log_pytest(ANSI.sub("", log))
-    passed = lambda t: (k := resolve_case(t, sm)) is not None and sm[k] in ("PASSED", "XFAIL")  # noqa: E731
-    maintained = lambda t: passed(t) or ((k := resolve_case(t, sm)) is not None and sm[k] == "SKIPPED")  # noqa: E731
+    passed = lambda t: (k := resolve_case(t, sm)) is not None and sm[k] in ("PASSED", "XFAIL")
+    maintained = lambda t: passed(t) or ((k := resolve_case(t, sm)) is not None and sm[k] == "SKIPPED")
     report = {"FAIL_TO_PASS": {"success": [t for t in fail_to_pass if passed(t)],
                                "failure": [t for t in fail_to_pass if not passed(t)]},
               "PASS_TO_PASS": {"success": [t for t in pass_to_pass if maintained(t)],
