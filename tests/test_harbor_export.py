@@ -21,7 +21,9 @@ from orchard_gym.envs.harbor.export import export_tasks
 from orchard_gym.envs.swe.grading import grade as swe_grade
 from orchard_gym.envs.swe.tasks import load_tasks
 
-from conftest import needs_bwrap
+from conftest import docker_engine, needs, needs_bwrap
+
+_GATEWAY, _WHY_NOT = docker_engine()
 
 CONFTEST_FORCING_PASS = """\
 import pytest
@@ -130,6 +132,21 @@ def test_a_conftest_forcing_passes_is_put_back_before_the_tests_run(swe_export, 
     finally:
         env.close()
     assert reward == (0.0 if restore else 1.0), info["report"]
+
+
+@pytest.mark.docker
+@needs("docker", None if _GATEWAY else _WHY_NOT)
+def test_an_exported_swe_task_builds_and_grades_on_docker(swe_export):
+    """The Dockerfile builds FROM the task's image (scripts/build_swe_images.py) and grades there too."""
+    env = gym.make("Orchard/Harbor-v0", tasks=str(swe_export), backend={"type": "docker"}).unwrapped
+    try:
+        reward, info = _oracle(env, "parse-1.20.1")
+        assert reward == 1.0 and not info.get("error"), info["report"]
+        env.reset(options={"task_id": "parse-1.20.1"})
+        _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
+        assert reward == 0.0 and not info.get("error"), info
+    finally:
+        env.close()
 
 
 def test_claw_tasks_are_refused_with_their_reason(tmp_path):
