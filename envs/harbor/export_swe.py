@@ -20,7 +20,7 @@ from ..swe.protected import base_names
 HERE = Path(__file__).parent
 PROTECTED = HERE.parent / "swe" / "protected.py"
 WORKDIR = "/app"
-# grading SWEEnv does that this verifier does not (see swe_verify.py)
+# swe_verify.py ports SWE-bench's pytest log grading only
 REFUSED_PARSERS = "only pytest logs (log_parser parse_log_pytest) are graded by the exported verifier"
 
 INSTRUCTION = """\
