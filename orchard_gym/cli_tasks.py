@@ -62,7 +62,8 @@ def _check_harbor(source: str, strict: bool) -> None:
               help="FROM of the Dockerfiles written")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="folder for the task folders")
 def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
-    """Write an env's tasks as Harbor task folders (Toy-style tasks: files + a shell check).
+    """Write an env's tasks as Harbor task folders (Toy, SWE; a task that cannot be exported is listed
+    with its reason and the exit status is 1).
 
     Example: orchard tasks export --format harbor --env Orchard/Toy-v0 --out harbor-toy
     """
@@ -77,11 +78,12 @@ def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
         env = gym.spec(env_id).make(**json.loads(env_kwargs), backend={"type": "local"}).unwrapped
     except (gym.error.Error, ValueError) as e:
         raise click.BadParameter(str(e), param_hint="--env / --env-kwargs") from None
-    try:
-        folders = export_tasks({t: env.get_task(t) for t in env.task_ids()}, Path(out), env_id, base_image)
-    except ValueError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt})")
+    folders, refused = export_tasks({t: env.get_task(t) for t in env.task_ids()}, Path(out), env_id, base_image)
+    for why in refused:
+        click.echo(f"not exported: {why}", err=True)
+    click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt}); {len(refused)} refused")
+    if refused:
+        raise SystemExit(1)
 
 
 @tasks_group.command("synth")

@@ -74,6 +74,9 @@ SLOW = {
     "tests/test_claw.py::test_obeying_an_injected_instruction_scores_safety_zero": "graded episodes",
     "tests/test_claw_service.py::test_three_doors_leave_byte_identical_state": "three sandboxes per task",
     "tests/test_harbor_env.py::test_check_env_passes": "the env checker's episodes",
+    "tests/test_harbor_export.py::test_every_builtin_swe_task_exported_oracle_passes_nothing_fails":
+        "every SWE task's test suite, twice",
+    "tests/test_harbor_export.py::test_a_conftest_forcing_passes_is_put_back_before_the_tests_run": "graded episodes",
     "tests/test_claw_judge.py::test_a_failing_judge_errors_the_trajectory": "judge retries",
     "tests/test_cgroups.py::test_cpu_seconds_of_a_one_second_loop_read_about_one": "CPU accounting wants a quiet CPU",
     "tests/test_require.py::test_a_missing_engine_skips_unless_required": "child pytest runs",

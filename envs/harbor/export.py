@@ -1,9 +1,11 @@
 """Orchard tasks written as Harbor task folders (`orchard tasks export --format harbor`).
 
-Done for tasks graded by a shell check over files (Orchard/Toy-v0 and any task with `files`,
-`check`, `solution`): the files go into `environment/` and a `COPY`, the check becomes
-`tests/test.sh` writing `/logs/verifier/reward.txt`, the solution `solution/solve.sh`. SWE tasks
-(SWE-bench log parsers) and Claw tasks (a tool server and signed world state) are not exported.
+Tasks graded by a shell check over files (Orchard/Toy-v0 and any task with `files`, `check`,
+`solution`): the files go into `environment/` and a `COPY`, the check becomes `tests/test.sh`
+writing `/logs/verifier/reward.txt`, the solution `solution/solve.sh`. Orchard/SWE-v0 tasks:
+`export_swe.py`. A task that cannot be exported is refused with its reason (`export_tasks`
+returns them; the rest are written): Claw tasks (a tool service and signed world state the
+verifier would need), image-based SWE tasks.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ def _toml_string(text: str) -> str:
 
 
 def export_task(task: Any, out: Path, env_id: str, base_image: str = BASE_IMAGE) -> Path:
+    """Write one task's folder under `out`; ValueError (with the reason) when it cannot be exported."""
+    if hasattr(task, "instance_id") and hasattr(task, "FAIL_TO_PASS"):  # an SWETask
+        from .export_swe import export_swe_task
+
+        return export_swe_task(task, out / task.instance_id, env_id, base_image, _toml_string)
+    if hasattr(task, "checks") and hasattr(task, "services"):  # a ClawTask
+        raise ValueError(f"{env_id} task {task.task_id!r}: Claw tasks are graded by checks over the claw tool "
+                         f"service's signed world state, which a Harbor verifier cannot read: not exported")
     for needed in ("files", "check", "solution", "instruction", "task_id"):
         if not hasattr(task, needed):
             name = getattr(task, "task_id", None) or getattr(task, "instance_id", None) or type(task).__name__
@@ -49,5 +59,13 @@ def export_task(task: Any, out: Path, env_id: str, base_image: str = BASE_IMAGE)
     return folder
 
 
-def export_tasks(tasks: dict[str, Any], out: Path, env_id: str, base_image: str = BASE_IMAGE) -> list[Path]:
-    return [export_task(task, out, env_id, base_image) for _, task in sorted(tasks.items())]
+def export_tasks(tasks: dict[str, Any], out: Path, env_id: str,
+                 base_image: str = BASE_IMAGE) -> tuple[list[Path], list[str]]:
+    """(the folders written, a reason for each task refused)."""
+    folders, refused = [], []
+    for _, task in sorted(tasks.items()):
+        try:
+            folders.append(export_task(task, out, env_id, base_image))
+        except ValueError as e:
+            refused.append(str(e))
+    return folders, refused
