@@ -5,9 +5,9 @@ Importing the package is cheap: it never imports torch, docker or kubernetes.
 
 from __future__ import annotations
 
-from .cli_start import arm as _arm_cli_start
+from .import_interrupt import arm as _arm_import_interrupt
 
-_arm_cli_start()  # the `orchard` command: Ctrl-C during these imports is one line, not a traceback
+_arm_import_interrupt()  # the `orchard` command: Ctrl-C during these imports is one line, not a traceback
 
 from .client import AsyncSandboxClient, AsyncSandboxInstance, SandboxClient, SandboxInstance  # noqa: E402
 from .errors import (  # noqa: E402

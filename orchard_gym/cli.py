@@ -15,7 +15,7 @@ class _Group(click.Group):
     """Shows our own errors as one clear line instead of a traceback."""
 
     def invoke(self, ctx):
-        from .cli_start import disarm
+        from .import_interrupt import disarm
         from .errors import OrchardError
 
         disarm()  # from here on Ctrl-C is a KeyboardInterrupt: what the command started is cleaned up
