@@ -34,6 +34,7 @@ SLOW = {
     "tests/test_viewer.py": "headless Chromium",
     "tests/test_claude_code.py": "Claude Code runs",
     "tests/test_harness_codex.py": "Codex runs",
+    "tests/test_harness_openhands.py": "OpenHands runs",
     "tests/test_harness_docker.py": "harnesses in containers",
     "tests/test_claw_agentdojo.py": "AgentDojo ground truths and injections (minutes)",
     "tests/test_service_fuzz.py": "schemathesis against a live orchestrator",
