@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import gymnasium as gym
 import pytest
 
-from conftest import HAS_BWRAP, WHY_NO_BWRAP, require, require_module
+from conftest import HAS_BWRAP, WHY_NO_BWRAP, needs_bwrap, require, require_module
 
 require_module("server", "fastapi")
 
@@ -25,6 +26,7 @@ from orchard_gym.wrappers.harnesses.openhands import HARNESS as OPENHANDS, VERSI
 
 TASK = "semver-3.0.2"
 GOLD = load_tasks("builtin")[TASK].patch
+HARBOR = Path(__file__).parent / "data" / "harbor"
 
 
 def _installed() -> str | None:
@@ -94,6 +96,28 @@ def test_openhands_with_a_do_nothing_policy_scores_zero(local_root):
         assert "error" not in info and info["harness_exit_code"] == 0
         record = env.unwrapped.record
         assert record.status == "finished" and record.reward == 0.0 and len(record.calls) == 1
+    finally:
+        env.close()
+
+
+@pytest.mark.timeout(900)
+@needs_bwrap
+def test_openhands_on_a_harbor_task(local_root):
+    """Orchard/Harbor-v0 (a Harbor task folder, graded by its own verifier) through OpenHands:
+    the sum written by its terminal -> 1.0; finishing at once -> 0.0."""
+    env = gym.make("Orchard/Harbor-v0", tasks=str(HARBOR), harness="openhands", max_seconds=600,
+                   backend={"type": "local", "isolation": "bwrap", "root": str(local_root)})
+    try:
+        obs, info = env.reset(options={"task_id": "sum-numbers"})
+        assert any("Write their sum" in json.dumps(m["content"]) for m in json.loads(obs)["messages"])
+        obs, reward, terminated, truncated, info = env.step(OPENHANDS.shell(
+            "awk '{s += $1} END {print s}' data.txt > answer.txt && echo wrote-$(cat answer.txt)"))
+        assert not (terminated or truncated) and "wrote-" in json.dumps(json.loads(obs)["messages"][-1]), info
+        obs, reward, terminated, truncated, info = env.step(OPENHANDS.finish)
+        assert (reward, terminated, truncated) == (1.0, True, False), info
+        env.reset(options={"task_id": "sum-numbers"})
+        obs, reward, terminated, truncated, info = env.step(OPENHANDS.finish)
+        assert (reward, terminated, truncated) == (0.0, True, False) and "error" not in info, info
     finally:
         env.close()
 
