@@ -85,8 +85,8 @@ def test_a_grpo_step_on_openhands_runs(local_root, tmp_path):
         runs = rollout.last_runs
     finally:
         rollout.close()
-    assert sorted(r.reward for r in runs) == [0.0, 1.0], [(r.reward, r.error) for r in runs]
-    assert all(r.error is None and len(r.samples) == 1 for r in runs)
+    assert [r.error for r in runs] == [None, None]
+    assert sorted(r.reward for r in runs) == [0.0, 1.0] and all(len(r.samples) == 1 for r in runs)
     for r in runs:  # the sample's prompt is OpenHands' exact request
         (s,) = r.samples
         assert s.messages[0]["role"] == "system" and {t["function"]["name"] for t in s.tools} >= {"terminal", "finish"}
