@@ -43,6 +43,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from orchard_gym._loop import LoopThread
+from orchard_gym.wrappers.openai_format import text_messages
 
 from .agent_rollout import BatchedGenerator, ChatRenderer
 from .grpo import (AgentGRPOArgs, MetricsCallback, _DropNoneRewardWarning, client_kwargs, env_reward, make_grpo_config,
@@ -256,7 +257,7 @@ class HarnessRolloutFunc:
 
     async def _answer(self, info: dict) -> tuple[dict, dict]:
         """Tokenise the harness's request once, generate, parse: (message, recorded tokens)."""
-        prompt_ids = self.renderer.prompt_ids(info["messages"], info["tools"] or None)
+        prompt_ids = self.renderer.prompt_ids(text_messages(info["messages"]), info["tools"] or None)
         max_new = self.args.sampling.max_new_tokens
         if self.max_context and len(prompt_ids) + max_new > self.max_context:
             raise ContextFull(f"the harness's request is {len(prompt_ids)} tokens; with {max_new} new ones it "
