@@ -264,8 +264,11 @@ class HarnessRolloutFunc:
                               f"exceeds the model's context of {self.max_context}")
         ids, logps, _stopped = await self.generator.generate(prompt_ids, max_new)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        # OpenAI's logprob entries (the harness gets them: clients such as litellm parse them) plus vLLM's token_id
+        pieces = [self.tokenizer.decode([t]) for t in ids]
         tokens = {"prompt_token_ids": prompt_ids, "completion_token_ids": ids,
-                  "logprobs": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logps, strict=True)],
+                  "logprobs": [{"token": p, "token_id": t, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                               for p, t, lp in zip(pieces, ids, logps, strict=True)],
                   "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
                             "total_tokens": len(prompt_ids) + len(ids)}}
         return parse_completion(text), tokens
