@@ -49,6 +49,7 @@ from pathlib import Path
 from orchard_gym._loop import LoopThread
 from orchard_gym.chat import tool_call
 from orchard_gym.envs.actions import tagged_tool_calls
+from orchard_gym.wrappers.openai_format import text_messages
 
 from .agent_rollout import BatchedGenerator
 from .chat_render import ChatRenderer
@@ -325,15 +326,18 @@ class HarnessRolloutFunc:
 
     async def _answer(self, info: dict) -> tuple[dict, dict]:
         """Tokenise the harness's request once, generate, parse: (message, recorded tokens)."""
-        prompt_ids = self.renderer.prompt_ids(info["messages"], info["tools"] or None)
+        prompt_ids = self.renderer.prompt_ids(text_messages(info["messages"]), info["tools"] or None)
         max_new = self.args.sampling.max_new_tokens
         if self.max_context and len(prompt_ids) + max_new > self.max_context:
             raise ContextFull(f"the harness's request is {len(prompt_ids)} tokens; with {max_new} new ones it "
                               f"exceeds the model's context of {self.max_context}")
         ids, logps, _stopped = await self.generator.generate(prompt_ids, max_new)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        # OpenAI's logprob entries (the harness gets them: clients such as litellm parse them) plus vLLM's token_id
+        pieces = [self.tokenizer.decode([t]) for t in ids]
         tokens = {"prompt_token_ids": prompt_ids, "completion_token_ids": ids,
-                  "logprobs": [{"token_id": t, "logprob": lp} for t, lp in zip(ids, logps, strict=True)],
+                  "logprobs": [{"token": p, "token_id": t, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                               for p, t, lp in zip(pieces, ids, logps, strict=True)],
                   "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
                             "total_tokens": len(prompt_ids) + len(ids)}}
         return parse_completion(text), tokens

@@ -5,6 +5,8 @@
 # `sandbox_payload`, a pip harness's whole venv). Idempotent: an install or archive already
 # there is kept (each is keyed by what it holds). One line per harness, said before the
 # (possibly minutes-long) work starts; --paths also prints where each part lies.
+# A harness with `python="X.Y"` (OpenHands: 3.13) gets its venv built on Debian's own pythonX.Y,
+# bundled in the venv, from a cached `debootstrap --variant=minbase` (root; wrappers/harness_python.py).
 #   bash scripts/install_harnesses.sh [--paths] [NAME ...]     # default: every built-in harness
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -127,10 +127,11 @@ def test_codex_in_docker_solves_fails_and_reaches_only_the_proxy(docker_proxy):
 @pytest.mark.docker
 @pytest.mark.timeout(900)
 @needs("swe-images", _missing())
-@pytest.mark.parametrize("name", ["claude-code", "mini-swe-agent"])
+@pytest.mark.parametrize("name", ["claude-code", "mini-swe-agent", "openhands"])
 def test_harness_in_docker_solves_with_a_scripted_policy_and_fails_doing_nothing(docker_proxy, name):
-    """Claude Code (its native binary shipped in) and mini-swe-agent (its host venv shipped
-    in and relinked to the image's own python3.11) in a blocked docker sandbox: gold patch
+    """Claude Code (its native binary shipped in), mini-swe-agent (its host venv shipped
+    in and relinked to the image's own python3.11) and OpenHands (its venv shipped in with its
+    own trixie python3.13, the image has none) in a blocked docker sandbox: gold patch
     through the harness's own shell tool -> 1.0, the finishing answer at once -> 0.0."""
     proxy, backend, _ = docker_proxy
     harness = get_harness(name)

@@ -27,6 +27,7 @@ SLOW = {
     "tests/test_dense_real_envs.py": "dense signals on real Claw, GUI and SWE episodes",
     "tests/test_distill_single_turn.py": "a distillation run",
     "tests/test_harness_grpo.py": "GRPO through a harness",
+    "tests/test_harness_openhands_grpo.py": "GRPO through OpenHands",
     "tests/test_value.py": "value model training",
     # desktops, browsers, containers and harness installs (module-level requirements)
     "tests/test_gui.py": "Xvfb and Chromium desktops",
@@ -34,6 +35,7 @@ SLOW = {
     "tests/test_viewer.py": "headless Chromium",
     "tests/test_claude_code.py": "Claude Code runs",
     "tests/test_harness_codex.py": "Codex runs",
+    "tests/test_harness_openhands.py": "OpenHands runs",
     "tests/test_harness_docker.py": "harnesses in containers",
     "tests/test_claw_agentdojo.py": "AgentDojo ground truths and injections (minutes)",
     "tests/test_service_fuzz.py": "schemathesis against a live orchestrator",

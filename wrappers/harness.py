@@ -30,6 +30,7 @@ and the command sees these variables:
 | `OPENAI_BASE_URL`, `OPENAI_API_BASE` | the rollout's model endpoint (the recording proxy) |
 | `OPENAI_API_KEY` | the rollout's token |
 | `ORCHARD_MODEL` | the model name to ask for |
+| `ORCHARD_MAX_STEPS` | the env's `max_steps` (model calls it answers; a harness may stop itself there) |
 | `ORCHARD_TASK_FILE` | a file holding the task text |
 | `ORCHARD_HARNESS_DIR` | the scratch folder (logs, the harness's own trajectory, its config) |
 | `ORCHARD_HARNESS_VENV` | the harness's venv (when it has requirements) |
@@ -59,6 +60,8 @@ class Harness(BaseModel):
     name: str = Field(min_length=1)
     command: str = Field(min_length=1, description="bash that starts the harness (see the module docstring)")
     requirements: list[str] = Field(default_factory=list, description="pip requirements of its venv (pinned)")
+    python: str | None = Field(None, pattern=r"^3\.\d+$", description="X.Y: build the venv on Debian's pythonX.Y, "
+                               "bundled in it (harness_python.py), not on the host's interpreter")
     npm: list[str] = Field(default_factory=list, description="npm packages, pinned: name@X.Y.Z")
     files: dict[str, str] = Field(default_factory=dict, description="path under the harness dir -> template")
     model_url_env: dict[str, str] = Field(default_factory=dict, description="more variables holding the model "
@@ -106,6 +109,10 @@ class Harness(BaseModel):
         """Build (once, cached, under a lock) the venv with `requirements`; None if it has none."""
         if not self.requirements:
             return None
+        if self.python:
+            from .harness_python import ensure_portable_venv
+
+            return ensure_portable_venv(self.requirements, self.python)
         from orchard_gym.envs.swe.venvs import cache_root, ensure_venv
 
         return ensure_venv(self.requirements, root=cache_root() / "harness" / "venvs")
@@ -180,7 +187,8 @@ class ShippedVenv(BaseModel):
     (`home` = the base interpreter's folder), `bin/python*` links to that interpreter and
     scripts whose `#!` names the venv's own python: unpacked at `path`, the links are
     pointed at the sandbox's own pythonX.Y (the same X.Y: compiled wheels are per X.Y) and
-    the `#!` lines rewritten from `host_path` to `path`."""
+    the `#!` lines rewritten from `host_path` to `path`. A venv that bundles its interpreter
+    (`Harness.python`, `<venv>/runtime`) is relinked to that one first."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -197,7 +205,7 @@ class ShippedVenv(BaseModel):
         return "\n".join([
             f"mkdir -p {v} && tar -xzf {q(self.archive)} -C {v} && rm -f {q(self.archive)} || exit 96",
             'ORCHARD_PY=""',
-            f'for c in "$(command -v {exe})" /usr/bin/{exe} /usr/local/bin/{exe}; do',
+            f'for c in {v}/runtime/bin/{exe} "$(command -v {exe})" /usr/bin/{exe} /usr/local/bin/{exe}; do',
             # the interpreter says where its base executable is (a task venv's python, a shim: not that)
             f'  [ -n "$c" ] && [ -x "$c" ] && ORCHARD_PY="$("$c" -I -c {q(probe)} 2>/dev/null)" && '
             '[ -n "$ORCHARD_PY" ] && break',

@@ -202,7 +202,8 @@ class HarnessEnv(gym.Env):
         await sandbox.upload_content(h.launch_script(hdir, npm_dir, payload, shipped), f"{hdir}/run.sh")
         env = {**ctx.env, **h.environment(hdir, str(venv) if venv else None, npm_dir, self.model),
                "ORCHARD_HARNESS": self.rollout_id, "ORCHARD_HARNESS_DIR": hdir, "ORCHARD_TASK_FILE": f"{hdir}/task.txt",
-               "ORCHARD_MODEL": self.model, "OPENAI_API_KEY": self.store.get(self.rollout_id).token}
+               "ORCHARD_MODEL": self.model, "ORCHARD_MAX_STEPS": str(self.max_steps),
+               "OPENAI_API_KEY": self.store.get(self.rollout_id).token}
         if venv:
             env["ORCHARD_HARNESS_VENV"] = str(venv)
         path = f"/r/{self.rollout_id}/v1"

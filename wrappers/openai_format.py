@@ -74,6 +74,12 @@ def content_text(content: Any) -> Any:
     return content
 
 
+def text_messages(messages: list[dict]) -> list[dict]:
+    """The chat messages with text-only content-part lists (`[{"type": "text", "text": ...}]`,
+    as OpenHands sends) joined into strings: what a text tokenizer's chat template takes."""
+    return [{**m, "content": content_text(m["content"])} if isinstance(m.get("content"), list) else m for m in messages]
+
+
 def check_request(endpoint: str, body: Any) -> dict:
     """Raise FormatError unless `body` is a plausible request for `endpoint`."""
     if not isinstance(body, dict):
