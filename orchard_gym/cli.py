@@ -28,6 +28,9 @@ class _Group(click.Group):
             one.exit_code = e.exit_code
             raise one from None
         except (KeyboardInterrupt, click.Abort):  # Ctrl-C: the finally blocks above have cleaned up
+            from .import_interrupt import exit_interrupted
+
+            exit_interrupted("interrupted (what it had started was stopped)")
             stop = click.ClickException("interrupted (what it had started was stopped)")
             stop.exit_code = 130
             raise stop from None

@@ -164,3 +164,38 @@ def test_a_dependency_warning_is_shown_once_even_across_catch_warnings():
             "warnings.warn('another one', UserWarning)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stderr.count("x is deprecated") == 1 and "another one" in r.stderr, r.stderr
+
+
+def test_ctrl_c_on_train_grpo_is_one_line_and_exit_130(tmp_path):
+    """Mid-training Ctrl-C: once the run is cleaned up, the command leaves without the
+    interpreter's teardown, where torch's C++ threads aborted it about every other time
+    ('terminate called without an active exception', exit 134)."""
+    import signal
+    import time
+
+    from components import require_module
+
+    require_module("train", "trl")
+    from orchard_gym.algos.tiny import build_tiny_model, toy_corpus
+    from orchard_gym.envs.toy.env import make_tasks
+
+    kwargs = {"kinds": ["write"], "num_tasks": 2}
+    build_tiny_model(toy_corpus(make_tasks(**kwargs).values()), tmp_path / "tiny")
+    mark = uuid.uuid4().hex
+    env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(short_root("cli"))}
+    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "train", "grpo", "--model", str(tmp_path / "tiny"),
+                          *TOY, "--steps", "200", "--group-size", "2", "--prompts-per-step", "1", "--step-budget", "3",
+                          "--max-new-tokens", "16", "--out", str(tmp_path / "run")],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # interrupt once training steps are under way (the metrics file has a line)
+    wait_until(lambda: p.poll() is not None or (tmp_path / "run" / "metrics.jsonl").exists()
+               and (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") >= 2, timeout=300)
+    assert p.poll() is None, p.communicate()[1][-3000:]
+    time.sleep(1)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-3000:]
+    assert "terminate called" not in err and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].endswith("Error: interrupted (what it had started was stopped)"), err[-3000:]
+    wait_until(lambda: not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}"), timeout=10)
+    assert not marked_pids(f"ORCHARD_CLI_MISTAKE={mark}")
