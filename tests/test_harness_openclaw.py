@@ -49,6 +49,12 @@ def claw(tool: str, args: dict) -> dict:
     return exec_call(f"claw {tool} --json '{json.dumps(args)}'")
 
 
+def last_tool_result(obs: str) -> str:
+    """The newest tool message's text (OpenClaw adds its own context message after it)."""
+    content = [m for m in json.loads(obs)["messages"] if m["role"] == "tool"][-1]["content"]
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content)
+
+
 def claw_env(local_root, harness=OPENCLAW, **kw) -> gym.Env:
     kw = {"max_seconds": 600, **kw}
     return gym.make("Orchard/Claw-v0", harness=harness, bash=True, backend={"type": "local", "root": str(local_root)},
@@ -66,9 +72,8 @@ def run_claw_solved(env) -> None:
     for step in steps:
         obs, reward, terminated, truncated, info = env.step(step)
         assert not (terminated or truncated), info
-        last = json.loads(obs)["messages"][-1]
-        assert last["role"] == "tool", last
-    assert "deleted" in last["content"], last
+        last = last_tool_result(obs)
+    assert "deleted" in last, last
     obs, reward, terminated, truncated, info = env.step("Done.")
     assert (reward, terminated, truncated) == (1.0, True, False), info
     assert info["harness_exit_code"] == 0 and info["report"]["passed"]
@@ -77,8 +82,10 @@ def run_claw_solved(env) -> None:
     assert record.status == "finished" and len(record.calls) == len(steps) + 1 and all(c.ok for c in record.calls)
     assert all(c.endpoint == "chat.completions" and c.stream for c in record.calls)
     # call t+1's request carries OpenClaw's own context: call t's tool call and its result
-    first_id = record.calls[0].message["tool_calls"][0]["id"]
-    assert any(m.get("tool_call_id") == first_id for m in record.calls[1].request["messages"])
+    context = record.calls[1].request["messages"]
+    asked = [c for m in context if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    assert [json.loads(c["function"]["arguments"]) for c in asked] == [steps[0]["arguments"]]
+    assert any(m["role"] == "tool" and m.get("tool_call_id") == asked[0]["id"] for m in context)
     assert [s.reward for s in env.unwrapped.samples()] == [1.0] * (len(steps) + 1)
     assert [s.reward for s in env.unwrapped.samples(gamma=0.5)][-2:] == [0.5, 1.0]
 
@@ -116,8 +123,8 @@ def test_openclaw_solves_a_swe_task(local_root):
         obs, reward, terminated, truncated, info = env.step(
             exec_call(f"git apply <<'ORCHARD_EOF'\n{gold}\nORCHARD_EOF\necho applied-$?; {probe}"))
         assert not (terminated or truncated), info
-        last = json.loads(obs)["messages"][-1]
-        assert "applied-0" in last["content"] and "NET-UNREACHABLE" in last["content"], last
+        last = last_tool_result(obs)
+        assert "applied-0" in last and "NET-UNREACHABLE" in last, last
         obs, reward, terminated, truncated, info = env.step("The fix is applied.")
         assert (reward, terminated, truncated) == (1.0, True, False), info
         assert info["report"]["status"] == "RESOLVED_FULL"
