@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import os
+import statistics
 
 import pytest
 
@@ -81,5 +82,6 @@ def test_a_grpo_step_on_openclaw_runs(local_root, tmp_path):
     for row, s in zip(out["prompt_ids"], samples, strict=True):  # OpenClaw's own request, as it sent it
         assert row == s.prompt_token_ids == renderer.prompt_ids(s.messages, s.tools)
         assert "OpenClaw" in s.messages[0]["content"] and "exec" in [t["function"]["name"] for t in s.tools]
-    assert sorted(rollout.last_advantages) == pytest.approx([-1.0, 1.0], abs=1e-3)
+    a = 0.5 / (statistics.stdev([0.0, 1.0]) + 1e-4)  # group-relative: (r - mu) / (sigma + 1e-4)
+    assert sorted(rollout.last_advantages) == pytest.approx([-a, a])
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "no update"
