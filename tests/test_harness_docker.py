@@ -159,6 +159,38 @@ def test_harness_in_docker_solves_with_a_scripted_policy_and_fails_doing_nothing
         env.close()
 
 
+@pytest.mark.docker
+@pytest.mark.timeout(1200)
+@needs("docker", docker_engine()[1])
+def test_openclaw_in_docker_solves_a_claw_task_through_the_skill_and_fails_doing_nothing(docker_proxy):
+    """OpenClaw (its npm prefix, Node 26 included, shipped in) in a blocked docker sandbox of
+    the default image: the Claw tools through its SKILL.md and `claw` in its `exec` tool -> 1.0,
+    the finishing answer at once -> 0.0."""
+    proxy, backend, _ = docker_proxy
+    harness = get_harness("openclaw")
+    env = gym.make("Orchard/Claw-v0", harness="openclaw", bash=True, backend=backend, proxy=proxy, network="proxy",
+                   max_seconds=900)
+    try:
+        obs, info = env.reset(options={"task_id": "todo-cleanup-001"})
+        assert env.unwrapped.task_env.sandbox.record.backend == "docker"
+        assert "claw-tools" in json.loads(obs)["messages"][0]["content"]  # the skill, in its own prompt
+        oracle = env.unwrapped.task_env.task.oracle
+        for call in oracle:
+            obs, reward, terminated, truncated, info = env.step(
+                harness.shell(f"claw {call['name']} --json '{json.dumps(call['arguments'])}'"))
+            assert not (terminated or truncated), info
+        obs, reward, terminated, truncated, info = env.step(harness.finish)
+        assert (reward, terminated, truncated) == (1.0, True, False), info
+        assert info["report"]["doors"] == {"cli": len(oracle)}
+        assert [s.reward for s in env.unwrapped.samples()] == [1.0] * (len(oracle) + 1)
+        obs, info = env.reset(options={"task_id": "todo-cleanup-001"})
+        obs, reward, terminated, truncated, info = env.step(harness.finish)
+        assert (reward, terminated, truncated) == (0.0, True, False) and "error" not in info, info
+        assert env.unwrapped.record.reward == 0.0 and len(env.unwrapped.record.calls) == 1
+    finally:
+        env.close()
+
+
 def test_proxy_network_mode_refuses_what_cannot_work():
     env = gym.make("Orchard/SWE-v0", harness="codex", backend={"type": "local"}, network="proxy")
     with pytest.raises(gym.error.Error, match="needs a started proxy"):

@@ -399,3 +399,17 @@ def test_docstring_examples_run():
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
+
+
+def test_chat_text_part_lists_become_one_string_in_the_normal_form():
+    """OpenClaw sends user turns as lists of text parts: the normal form (what the policy sees and
+    chat templates render) joins them, as the Responses and Messages doors already do; images stay."""
+    from orchard_gym.wrappers.openai_format import CHAT, prompt_of
+
+    image = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
+    body = {"messages": [{"role": "system", "content": "s"},
+                         {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                         {"role": "user", "content": image}], "tools": []}
+    messages, _ = prompt_of(CHAT, body)
+    assert [m["content"] for m in messages] == ["s", "ab", image]
+    assert body["messages"][1]["content"][0] == {"type": "text", "text": "a"}  # the request as sent is untouched

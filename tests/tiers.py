@@ -36,6 +36,8 @@ SLOW = {
     "tests/test_claude_code.py": "Claude Code runs",
     "tests/test_harness_codex.py": "Codex runs",
     "tests/test_harness_openhands.py": "OpenHands runs",
+    "tests/test_harness_openclaw.py": "OpenClaw runs (a minute to start each, under load)",
+    "tests/test_harness_openclaw_grpo.py": "GRPO through OpenClaw (long prompts on a tiny model)",
     "tests/test_harness_docker.py": "harnesses in containers",
     "tests/test_claw_agentdojo.py": "AgentDojo ground truths and injections (minutes)",
     "tests/test_service_fuzz.py": "schemathesis against a live orchestrator",

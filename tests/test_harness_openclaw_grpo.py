@@ -1,0 +1,87 @@
+"""`train grpo --harness openclaw`: the real OpenClaw in real local sandboxes, its calls answered
+by a tiny model through the recording proxy, one real TRL step (as tests/test_harness_grpo.py
+does with a stdlib harness). OpenClaw's request is large (its system prompt and tool schemas,
+~35 KB), so the tiny model gets a long context; each run answers one call.
+
+Rewards: Orchard/Toy-v0 with a scripted grade (the real check still runs): the n-th graded
+run gets n % 2, so a group of 2 has terminal rewards {1, 0} whatever the model generates."""
+
+from __future__ import annotations
+
+import collections
+import os
+import statistics
+
+import pytest
+
+from conftest import require, require_module
+
+torch = require_module("train", "torch")
+require_module("train", "trl")
+require_module("server", "fastapi")
+
+from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
+from orchard_gym.algos.harness_grpo import HarnessGRPOArgs, build_trainer, grpo_config  # noqa: E402
+from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
+from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
+from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
+from orchard_gym.wrappers.harnesses.openclaw import HARNESS as OPENCLAW  # noqa: E402
+
+
+def _installed() -> str | None:
+    try:
+        prefix = OPENCLAW.install_npm()
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"
+    return None if os.access(prefix / "node_modules" / ".bin" / "openclaw", os.X_OK) else f"no openclaw under {prefix}"
+
+
+require("harnesses", _installed())
+
+torch.set_num_threads(1)
+TASKS = make_tasks(["write"], num_tasks=1)
+TASK = "write-000"
+
+
+class AlternatingToy(ToyEnv):
+    counts: collections.Counter = collections.Counter()
+
+    async def grade(self, ctx, task):
+        _, report = await super().grade(ctx, task)
+        type(self).counts[task.task_id] += 1
+        return float(type(self).counts[task.task_id] % 2), report
+
+
+@pytest.mark.timeout(1500)
+def test_a_grpo_step_on_openclaw_runs(local_root, tmp_path):
+    model, tokenizer = build_tiny_model(toy_corpus(TASKS.values()), tmp_path / "tiny", vocab_size=512,
+                                        max_position_embeddings=65536)
+    AlternatingToy.counts = collections.Counter()
+    args = HarnessGRPOArgs(env_id="Orchard/Toy-v0", harness="openclaw", backend={"type": "local", "root": str(local_root)},
+                           group_size=2, prompts_per_step=1, max_calls=1, max_seconds=600, seed=0,
+                           sampling=SamplingParams(max_new_tokens=8, linger=0.01))
+    config = grpo_config(tmp_path / "run", args, steps=1, learning_rate=1e-2)
+
+    def make_env(client, proxy, max_calls=1):
+        return HarnessEnv(AlternatingToy(tasks=TASKS, client=client), "openclaw", proxy=proxy, max_steps=max_calls,
+                          max_seconds=600)
+
+    trainer, rollout = build_trainer(model, tokenizer, args, config, task_ids=[TASK], make_env=make_env,
+                                     metrics_path=tmp_path / "run" / "metrics.jsonl")
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        trainer.train()
+        runs, out = rollout.last_runs, rollout.last_rows
+    finally:
+        rollout.close()
+    assert [r.error for r in runs] == [None, None], [r.error for r in runs]
+    assert sorted(r.reward for r in runs) == [0.0, 1.0]
+    samples = [s for r in runs for s in r.samples]
+    assert len(samples) == 2 and len(out["prompt_ids"]) == 2
+    renderer = ChatRenderer(tokenizer)
+    for row, s in zip(out["prompt_ids"], samples, strict=True):  # OpenClaw's own request, as it sent it
+        assert row == s.prompt_token_ids == renderer.prompt_ids(s.messages, s.tools)
+        assert "OpenClaw" in s.messages[0]["content"] and "exec" in [t["function"]["name"] for t in s.tools]
+    a = 0.5 / (statistics.stdev([0.0, 1.0]) + 1e-4)  # group-relative: (r - mu) / (sigma + 1e-4)
+    assert sorted(rollout.last_advantages) == pytest.approx([-a, a])
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True)), "no update"
