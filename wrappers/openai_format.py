@@ -31,8 +31,7 @@ def new_id(prefix: str) -> str:
 def prompt_of(endpoint: str, body: dict) -> tuple[list[dict], list[dict]]:
     """A request body -> (chat messages, chat-style tool schemas)."""
     if endpoint == CHAT:  # text-only part lists as one string, as the other doors give them (chat templates want str)
-        messages = [{**m, "content": _text_of(m["content"])} if isinstance(m, dict) and isinstance(m.get("content"), list)
-                    else m for m in body.get("messages") or []]
+        messages = text_messages(body.get("messages") or [])
         return messages, list(body.get("tools") or [])
     messages: list[dict] = []
     if isinstance(body.get("instructions"), str) and body["instructions"]:
@@ -76,10 +75,12 @@ def content_text(content: Any) -> Any:
     return content
 
 
-def text_messages(messages: list[dict]) -> list[dict]:
+def text_messages(messages: list) -> list:
     """The chat messages with text-only content-part lists (`[{"type": "text", "text": ...}]`,
-    as OpenHands sends) joined into strings: what a text tokenizer's chat template takes."""
-    return [{**m, "content": content_text(m["content"])} if isinstance(m.get("content"), list) else m for m in messages]
+    as OpenHands and OpenClaw send) joined into strings: what a text tokenizer's chat template
+    takes (lists with images stay lists; anything not a message is left for the checks)."""
+    return [{**m, "content": content_text(m["content"])} if isinstance(m, dict) and isinstance(m.get("content"), list)
+            else m for m in messages]
 
 
 def check_request(endpoint: str, body: Any) -> dict:
