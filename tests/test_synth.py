@@ -201,7 +201,9 @@ def test_bad_flags_are_refused_clearly(args, message, tmp_path):
 def test_an_unreachable_model_and_malformed_answers_are_clear_errors(tmp_path):
     args = ["tasks", "synth", "--domain", DOMAIN, "--n", "1", "--pool", str(POOL), "--out", str(tmp_path / "o")]
     result = CliRunner().invoke(cli, [*args, "--model", "http://127.0.0.1:9/v1#m"])  # port 9: nothing listens
-    assert result.exit_code == 1 and "the model at http://127.0.0.1:9/v1 (m) failed: ConnectError" in result.output
+    said = result.output.split("\r")[-1]
+    assert result.exit_code == 1 and "the model at http://127.0.0.1:9/v1 (m) failed: EndpointUnreachable" in said, said
+    assert "ConnectError" in said and "Traceback" not in result.output, said
     assert "run the same command again to continue" in result.output
 
     with SynthModel() as model:

@@ -44,7 +44,7 @@ def check_model(spec: str, flag: str = "--model") -> str:
 
 
 def make_policy(spec: str) -> OpenAIPolicy:
-    # the lead switches this to orchard_gym.endpoint's client once it lands (one place)
+    # every role (proposer, pruner, builder, refiner, tester) calls through OpenAIPolicy, i.e. orchard_gym.endpoint
     try:
         return OpenAIPolicy(spec, temperature=0.7, max_tokens=4096)
     except InvalidRequest as e:
