@@ -99,7 +99,7 @@ def near(a, b, tol=2):
 
 def test_pointer_actions_show_on_screen_and_in_the_dom(page):
     env, first = page
-    assert colour(first, 80, 60) == (0, 0, 255)  # the hover box, not hovered
+    assert shows(env, first, 80, 60, (0, 0, 255))  # the hover box, not hovered (once painted)
 
     obs = act(env, "mouse_move", coordinate=[80, 60])
     assert near(seen(env, "moves")[-1], (80, 60)) and shows(env, obs, 80, 60, (255, 0, 0))  # :hover repainted it

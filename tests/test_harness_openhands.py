@@ -21,6 +21,7 @@ require_module("server", "fastapi")
 
 import orchard_gym  # noqa: E402,F401 - registers the env ids
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
+from orchard_gym.wrappers.openai_format import text_messages  # noqa: E402
 from orchard_gym.wrappers.harness_env import HarnessError  # noqa: E402
 from orchard_gym.wrappers.harnesses.openhands import HARNESS as OPENHANDS, VERSION  # noqa: E402
 
@@ -79,7 +80,9 @@ def test_openhands_solves_the_task_with_a_scripted_policy(local_root):
         # the recorded calls rebuild the episode: (H(s_t), a_t, r_t) with r_t = γ^(T−t)·r_T
         samples = env.unwrapped.samples(gamma=0.5)
         assert [s.reward for s in samples] == [0.5, 1.0]
-        assert [s.messages for s in samples] == [c.request["messages"] for c in record.calls]
+        # as the chat door's normal form has them: OpenHands' text-part lists joined into strings
+        assert [s.messages for s in samples] == [text_messages(c.request["messages"]) for c in record.calls]
+        assert any(isinstance(m.get("content"), list) for m in record.calls[0].request["messages"])
         assert samples[0].response == record.calls[0].message and samples[1].tools == record.calls[1].tools
     finally:
         env.close()

@@ -18,7 +18,8 @@ from orchard_gym.registration import env_tasks, list_task_ids
 HARBOR = str(Path(__file__).parent / "data" / "harbor")
 CASES = [("Orchard/Toy-v0", {}), ("Orchard/Toy-v0", {"kinds": ["write"], "num_tasks": 3, "seed": 5}),
          ("Orchard/ToyColour-v0", {"colours": {"teal": (0, 128, 128)}}), ("Orchard/Claw-v0", {}),
-         ("Orchard/SWE-v0", {}), ("Orchard/GUI-v0", {"tasks": "desktop"}), ("Orchard/Harbor-v0", {"tasks": HARBOR})]
+         ("Orchard/SWE-v0", {}), ("Orchard/GUI-v0", {"tasks": "desktop"}), ("Orchard/Harbor-v0", {"tasks": HARBOR}),
+         ("Orchard/Claw-v0", {"tasks": f"harbor:{HARBOR}"})]  # the old door to Harbor folders: a Harbor env
 
 
 @pytest.mark.parametrize("env_id, kwargs", CASES, ids=[f"{e}-{i}" for i, (e, _) in enumerate(CASES)])

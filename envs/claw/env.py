@@ -114,7 +114,13 @@ class ClawEnv(SandboxEnv):
         return tools + [SubmitTool()]
 
     @classmethod
-    def tasks_from(cls, *, tasks: Any = "builtin", **_: Any) -> dict[str, ClawTask]:
+    def tasks_from(cls, *, tasks: Any = "builtin", **kwargs: Any) -> dict:
+        from ..harbor.env import HarborEnv
+        from ..harbor.tasks import is_harbor
+
+        if is_harbor(tasks):  # as __new__: Harbor task folders are Orchard/Harbor-v0's
+            return HarborEnv.tasks_from(tasks=tasks.removeprefix("harbor:") if isinstance(tasks, str) else tasks,
+                                        **kwargs)
         return load_tasks(tasks)
 
     def task_ids(self) -> list[str]:
