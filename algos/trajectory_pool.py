@@ -184,8 +184,9 @@ def from_trajectory(t: Trajectory, *, policy_id: str, info: TaskInfo | None = No
                      metadata={**(info.metadata(t.task_id) if info else {}),
                                **({"error": t.error} if t.error else {}),
                                **({"truncated": True} if t.truncated and not t.terminated else {}),
-                               **({k: t.metadata[k] for k in ("mc_values", "mc_samples", "branch")
-                                   if k in t.metadata}),  # branching rollouts (envs/branching.py)
+                               **({k: t.metadata[k] for k in ("mc_values", "mc_samples", "branch", "policy",
+                                                                 "train_harness", "harness")
+                                   if k in t.metadata}),  # branching rollouts; the cross-harness matrix's labels
                                "turn_errors": [turn.error for turn in t.turns]})
 
 

@@ -237,6 +237,10 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
               help="attempts per task: reports pass@k and pass^k")
 @click.option("--harness", default=None, help="run every task through these harnesses (a,b,c): one table; "
               "policy oracle | nothing | openai:URL#MODEL (see docs/harnesses.md)")
+@click.option("--policies", default=None, help="--harness: the cross-harness matrix, one row per named policy "
+              "(NAME=SPEC,NAME=SPEC; SPEC as --policy)")
+@click.option("--train-harness", default=None, help="--policies: the harness each named model was trained on "
+              "(NAME=HARNESS,...), the matrix's 'trained on' column")
 @click.option("--best-of", "best_of_n", type=click.IntRange(min=1), default=1, show_default=True,
               help="sample N episodes per attempt and keep the one --value ranks highest")
 @click.option("--value", "value_model", type=click.Path(exists=True, file_okay=False), default=None,
@@ -247,17 +251,20 @@ def _backend_kwargs(backend: str, api_key: str | None) -> dict:
 @click.option("--branches", type=click.IntRange(min=1), default=4, show_default=True)
 @_price_opts
 def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend, api_key, model_api_key, episodes, concurrency,
-             max_steps, task_filter, out, attempts, harness, best_of_n, value_model, env_kwargs, branch_at,
-             branches, price_cpu_hour, price_1k_tokens) -> None:
+             max_steps, task_filter, out, attempts, harness, policies, train_harness, best_of_n, value_model, env_kwargs,
+             branch_at, branches, price_cpu_hour, price_1k_tokens) -> None:
     """Run episodes of an env with a policy; write trajectories and print a summary.
 
     Example: orchard eval --policy oracle -n 10 --concurrency 4
     """
     price = _prices(price_cpu_hour, price_1k_tokens)
+    if harness is None and (policies or train_harness):
+        raise click.UsageError("--policies and --train-harness need --harness (the cross-harness matrix)")
     if harness is not None:
         from .cli_harness import eval_harnesses
 
         return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
+                              policies=policies, train_harness=train_harness,
                               backend_kwargs=_backend_kwargs(backend, api_key), model_api_key=model_api_key,
                               attempts=attempts, concurrency=concurrency, max_steps=max_steps,
                               task_filter=task_filter, out=out, price=price, max_error_rate=max_error_rate)

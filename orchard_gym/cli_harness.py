@@ -23,22 +23,56 @@ def harness_names(value: str) -> list[str]:
     return names
 
 
+def named_pairs(value: str | None, option: str) -> dict[str, str]:
+    """'a=x,b=y' -> {'a': 'x', 'b': 'y'}: names unique and non-empty, each with a value."""
+    pairs: dict[str, str] = {}
+    for item in (value or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, spec = item.partition("=")
+        name, spec = name.strip(), spec.strip()
+        if not sep or not name or not spec:
+            raise click.BadParameter(f"{item.strip()!r} is not NAME=VALUE", param_hint=option)
+        if name in pairs:
+            raise click.BadParameter(f"{name!r} is named twice", param_hint=option)
+        pairs[name] = spec
+    if value is not None and not pairs:
+        raise click.BadParameter("nothing given (NAME=VALUE,...)", param_hint=option)
+    return pairs
+
+
 def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backend_kwargs: dict,
                    model_api_key: str | None, episodes: int | None, attempts: int, concurrency: int,
                    max_steps: int, task_filter: tuple, out: str | None, max_seconds: float = 900.0,
-                   price=None, max_error_rate: float | None = None) -> None:
+                   price=None, max_error_rate: float | None = None, policies: str | None = None,
+                   train_harness: str | None = None) -> None:
     import gymnasium as gym
 
-    from orchard_gym.wrappers.harness_eval import evaluate_harnesses, format_table, policy_from_spec
+    from orchard_gym.wrappers.harness import all_harnesses
+    from orchard_gym.wrappers.harness_eval import (evaluate_harnesses, evaluate_matrix, format_matrix, format_table,
+                                                   policy_from_spec)
 
     import orchard_gym  # noqa: F401 - registers the env ids
     from orchard_gym.registration import list_task_ids
 
     names = harness_names(harness)
-    try:
-        agent = policy_from_spec(policy, api_key=model_api_key)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--policy") from None
+    if train_harness is not None and policies is None:
+        raise click.UsageError("--train-harness labels the models of --policies; give --policies too")
+    specs = named_pairs(policies, "--policies") if policies is not None else {"": policy}
+    trained = named_pairs(train_harness, "--train-harness")
+    if set(trained) - set(specs):
+        raise click.BadParameter(f"names no policy of --policies: {sorted(set(trained) - set(specs))}",
+                                 param_hint="--train-harness")
+    if set(trained.values()) - set(all_harnesses()):
+        raise click.BadParameter(f"unknown harness(es) {sorted(set(trained.values()) - set(all_harnesses()))}; "
+                                 f"known: {', '.join(sorted(all_harnesses()))}", param_hint="--train-harness")
+    agents = {}
+    for name, spec in specs.items():
+        try:
+            agents[name] = policy_from_spec(spec, api_key=model_api_key)
+        except ValueError as e:
+            raise click.BadParameter(f"{name + ': ' if name else ''}{e}",
+                                     param_hint="--policies" if name else "--policy") from None
     try:
         gym.spec(env_id)  # an unknown id is said here
     except gym.error.Error as e:
@@ -49,12 +83,16 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
     ids = ids[:episodes] if episodes else ids
     out_path = out or f"runs/eval-harness-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
     started = time.monotonic()
-    runs = evaluate_harnesses(names, env_id, ids, agent, client_kwargs=backend_kwargs, attempts=attempts,
-                              concurrency=concurrency, max_steps=max_steps, max_seconds=max_seconds,
-                              env_kwargs={"tasks": tasks}, out=out_path)
-    click.echo(f"\n{env_id} · policy {policy} · {len(ids)} tasks × {attempts} · {len(runs)} runs in "
+    common = dict(client_kwargs=backend_kwargs, attempts=attempts, concurrency=concurrency, max_steps=max_steps,
+                  max_seconds=max_seconds, env_kwargs={"tasks": tasks}, out=out_path)
+    if policies is None:
+        runs = evaluate_harnesses(names, env_id, ids, agents[""], **common)
+    else:
+        runs = evaluate_matrix(names, env_id, ids, agents, train_harness=trained, **common)
+    said = policy if policies is None else f"{len(agents)} policies"
+    click.echo(f"\n{env_id} · policy {said} · {len(ids)} tasks × {attempts} · {len(runs)} runs in "
                f"{time.monotonic() - started:.1f}s")
-    click.echo(format_table(runs))
+    click.echo(format_table(runs) if policies is None else format_matrix(runs))
     from orchard_gym.ledger import format_summary, summarize
     from orchard_gym.trajectory import Trajectory
 

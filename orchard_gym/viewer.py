@@ -333,7 +333,7 @@ def summary_html(name: str, episodes: list[dict]) -> str:
     cards = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}</div></div>'
                     for k, v in stats)
     # extra dimensions where the file has them: a training run's step, a harness comparison's harness
-    dims = [k for k in ("step", "harness") if any(k in (ep.get("metadata") or {}) for ep in episodes)]
+    dims = [k for k in ("step", "policy", "train_harness", "harness") if any(k in (ep.get("metadata") or {}) for ep in episodes)]
     rows = "".join(
         f'<tr><td><a href="#ep{i}">#{i}</a></td>'
         + "".join(f'<td>{esc((ep.get("metadata") or {}).get(k, ""))}</td>' for k in dims)

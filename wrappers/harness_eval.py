@@ -110,6 +110,8 @@ class HarnessRun:
     seconds: float
     trajectory: dict = field(repr=False)
     record: dict | None = field(repr=False)
+    policy: str = ""  # the policy's name in a cross-harness matrix (`--policies NAME=SPEC`)
+    train_harness: str | None = None  # the harness that policy's model was trained on, where the user said
 
     @property
     def resolved(self) -> bool:
@@ -158,7 +160,11 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
                               policy: Policy, *, backend: dict | None = None, client_kwargs: dict | None = None,
                               attempts: int = 1, concurrency: int = 4, max_steps: int = 30,
                               max_seconds: float | None = 900.0, env_kwargs: dict | None = None,
-                              out: str | Path | None = None, progress: bool = True) -> list[HarnessRun]:
+                              out: str | Path | None = None, progress: bool = True, label: str = "",
+                              train_harness: str | None = None, out_mode: str = "w") -> list[HarnessRun]:
+    """Every task through each harness, `policy` answering every model call. `label` and
+    `train_harness` name the policy (and what it was trained on) in the runs, their trajectories'
+    metadata and the JSONL lines: aevaluate_matrix's rows."""
     from orchard_gym.client import AsyncSandboxClient
     from orchard_gym.envs.swe.venvs import cache_root
 
@@ -191,7 +197,7 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
     sink = None
     if out is not None:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        sink = Path(out).open("w")
+        sink = Path(out).open(out_mode)
     bar = _Progress(len(schedule), enabled=progress)
     gate = asyncio.Semaphore(concurrency)
     try:
@@ -200,8 +206,14 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
                 async with gate:
                     run = await run_one(h, env_id, task_id, policy, client=client, proxy=proxy, max_steps=max_steps,
                                         max_seconds=max_seconds, env_kwargs={**(env_kwargs or {}), "network": network})
+                run.policy, run.train_harness = label, train_harness
+                if run.trajectory:  # the labels travel with the trajectory (pools, viewer, ATIF)
+                    run.trajectory.setdefault("metadata", {}).update(
+                        harness=run.harness, **({"policy": label} if label else {}),
+                        **({"train_harness": train_harness} if train_harness else {}))
                 if sink is not None:
-                    sink.write(json.dumps({"harness": run.harness, "task_id": run.task_id, "reward": run.reward,
+                    sink.write(json.dumps({"harness": run.harness, "policy": label or None,
+                                           "train_harness": train_harness, "task_id": run.task_id, "reward": run.reward,
                                            "resolved": run.resolved, "error": run.error, "calls": run.calls,
                                            "seconds": run.seconds, "trajectory": run.trajectory,
                                            "record": run.record}) + "\n")
@@ -222,6 +234,29 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
 def evaluate_harnesses(*args, **kwargs) -> list[HarnessRun]:
     """Sync `aevaluate_harnesses`."""
     return asyncio.run(aevaluate_harnesses(*args, **kwargs))
+
+
+async def aevaluate_matrix(harnesses: Sequence[str | Harness], env_id: str, task_ids: Sequence[str],
+                           policies: dict[str, Policy], *, train_harness: dict[str, str] | None = None,
+                           out: str | Path | None = None, **kwargs) -> list[HarnessRun]:
+    """The cross-harness matrix: each named policy (a model) through every harness on the same
+    tasks, one policy after the other; `train_harness` says which harness each was trained on.
+    format_matrix prints "trained on x evaluated on"."""
+    if not policies:
+        raise ValueError("no policies")
+    unknown = sorted(set(train_harness or {}) - set(policies))
+    if unknown:
+        raise ValueError(f"--train-harness names no policy: {unknown} (policies: {', '.join(policies)})")
+    runs: list[HarnessRun] = []
+    for i, (name, policy) in enumerate(policies.items()):
+        runs += await aevaluate_harnesses(harnesses, env_id, task_ids, policy, out=out, out_mode="a" if i else "w",
+                                          label=name, train_harness=(train_harness or {}).get(name), **kwargs)
+    return runs
+
+
+def evaluate_matrix(*args, **kwargs) -> list[HarnessRun]:
+    """Sync `aevaluate_matrix`."""
+    return asyncio.run(aevaluate_matrix(*args, **kwargs))
 
 
 class _Progress:
@@ -280,4 +315,24 @@ def format_table(runs: Sequence[HarnessRun]) -> str:
             mine = [r for r in runs if r.harness == n and r.task_id == t]
             cells.append(f"{sum(r.resolved for r in mine)}/{len(mine)}" + (" err" if any(r.error for r in mine) else ""))
         lines.append(f"{t:28} " + " ".join(f"{c:>16}" for c in cells))
+    return "\n".join(lines)
+
+
+def format_matrix(runs: Sequence[HarnessRun]) -> str:
+    """Trained on x evaluated on: one row per policy (its training harness beside it), one column
+    per harness, each cell resolved/runs and the rate; errors counted in the cell."""
+    policies = list(dict.fromkeys(r.policy for r in runs))
+    names = list(dict.fromkeys(r.harness for r in runs))
+    lines = [f"{'policy':20} {'trained on':16} " + " ".join(f"{n:>18}" for n in names)]
+    for p in policies:
+        mine = [r for r in runs if r.policy == p]
+        trained = next((r.train_harness for r in mine if r.train_harness), None) or "-"
+        cells = []
+        for n in names:
+            cell = [r for r in mine if r.harness == n]
+            errors = sum(r.error is not None for r in cell)
+            rate = sum(r.resolved for r in cell) / len(cell) if cell else 0.0
+            text = f"{sum(r.resolved for r in cell)}/{len(cell)} {rate:.0%}" + (f" ({errors} err)" if errors else "")
+            cells.append(f"{text:>18}")
+        lines.append(f"{p:20} {trained:16} " + " ".join(cells))
     return "\n".join(lines)
