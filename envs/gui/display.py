@@ -26,7 +26,7 @@ from orchard_gym.client import AsyncSandboxInstance
 from ..claw.deploy import agent_python
 
 SANDBOX_DIR = Path(__file__).parent / "sandbox"
-FILES = ["gui_daemon.py", "gui_server.py", "procwatch.py", "xgrab.py", "xinput.py", "cdp.py", "gui_relay.py"]
+FILES = ["gui_daemon.py", "gui_server.py", "procwatch.py", "xgrab.py", "xinput.py", "cdp.py", "gui_relay.py", "page_input.py"]
 STATE_DIR = ".gui"
 
 

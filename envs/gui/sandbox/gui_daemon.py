@@ -36,6 +36,7 @@ import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cdp
+import page_input
 from gui_server import Handler, Server
 from procwatch import foreground_shells, processes, sandbox_pss_kib, waiting_for_input
 import xgrab
@@ -358,40 +359,14 @@ class Daemon:
         if r.returncode != 0:
             raise ValueError(f"xdotool failed: {r.stderr.strip()[-300:]}")
 
-    # X input reaches the page asynchronously (X server -> browser -> renderer): a page-state read
-    # right after xdotool/XTEST returns can overtake the click it should see. The page counts the
-    # input events it received (capture phase, on window); act() waits until the count moves.
-    SEEN = ("(() => { const s = window.__orchardSeen || (window.__orchardSeen = {id: Math.random(), n: 0},"
-            " ['mouseup', 'keyup', 'wheel'].forEach(t => addEventListener(t, () => window.__orchardSeen.n++, true)),"
-            " window.__orchardSeen); return [s.id, s.n]; })()")
-
-    def input_seen(self):
-        if "chromium" not in self.procs:
-            return None
-        try:
-            return self.page().evaluate(self.SEEN)
-        except (cdp.CDPError, OSError, ValueError):
-            return None
-
-    def wait_input_seen(self, before, timeout: float = 1.0) -> None:
-        """Until the page saw input after `before` (or a new page replaced it); bounded, since
-        input outside the page (its scrollbar, the desktop) is never counted."""
-        if before is None:
-            return
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            now = self.input_seen()
-            if now is None or now[0] != before[0] or now[1] > before[1]:
-                return
-            time.sleep(0.01)
-
     def act(self, a: dict) -> str | None:
         """Do one action (already validated and in pixels); return a note for the policy, if any."""
         name = a["name"]
-        if name in INPUT_ACTIONS and not (name == "type" and not a["text"]):
-            before = self.input_seen()
+        if name in INPUT_ACTIONS and not (name == "type" and not a["text"]) and "chromium" in self.procs:
+            evaluate, errors = (lambda js: self.page().evaluate(js)), (cdp.CDPError, OSError, ValueError)
+            before = page_input.seen(evaluate, errors)
             note = self.act_now(a)
-            self.wait_input_seen(before)
+            page_input.wait_seen(evaluate, errors, before)  # the page has the input before we read it
             return note
         return self.act_now(a)
 
