@@ -31,6 +31,7 @@ from orchard_gym.algos.harness_grpo import (  # noqa: E402
 )
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
+from toy_grading import AlternatingToy  # noqa: E402
 from orchard_gym.errors import SandboxFailed  # noqa: E402
 from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
 
@@ -39,16 +40,12 @@ TASKS = make_tasks(["write"], num_tasks=1)
 TASK = "write-000"
 
 
-class ScriptedToy(ToyEnv):
-    counts: collections.Counter = collections.Counter()
-
+class ScriptedToy(AlternatingToy):
     async def grade(self, ctx, task):
-        _, report = await super().grade(ctx, task)
-        type(self).counts[task.task_id] += 1
-        n = type(self).counts[task.task_id]
-        if n % 4 == 0:
+        reward, report = await super().grade(ctx, task)
+        if type(self).counts[task.task_id] % 4 == 0:
             raise SandboxFailed("injected: the sandbox died while grading")
-        return float(n % 2), report
+        return reward, report
 
 
 @pytest.fixture(scope="module")

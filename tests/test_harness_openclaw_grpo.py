@@ -23,7 +23,8 @@ require_module("server", "fastapi")
 from orchard_gym.algos.agent_rollout import ChatRenderer, SamplingParams  # noqa: E402
 from orchard_gym.algos.harness_grpo import HarnessGRPOArgs, build_trainer, grpo_config  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
-from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
+from orchard_gym.envs.toy.env import make_tasks  # noqa: E402
+from toy_grading import AlternatingToy  # noqa: E402
 from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
 from orchard_gym.wrappers.harnesses.openclaw import HARNESS as OPENCLAW  # noqa: E402
 
@@ -42,14 +43,6 @@ torch.set_num_threads(1)
 TASKS = make_tasks(["write"], num_tasks=1)
 TASK = "write-000"
 
-
-class AlternatingToy(ToyEnv):
-    counts: collections.Counter = collections.Counter()
-
-    async def grade(self, ctx, task):
-        _, report = await super().grade(ctx, task)
-        type(self).counts[task.task_id] += 1
-        return float(type(self).counts[task.task_id] % 2), report
 
 
 @pytest.mark.timeout(1500)

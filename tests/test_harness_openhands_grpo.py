@@ -24,6 +24,7 @@ from orchard_gym.algos.harness_grpo import HarnessGRPOArgs, build_trainer, grpo_
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
+from toy_grading import AlternatingToy  # noqa: E402
 from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
 from orchard_gym.wrappers.harnesses.openhands import HARNESS as OPENHANDS  # noqa: E402
 
@@ -43,17 +44,9 @@ TASKS = make_tasks(["write"], num_tasks=1)
 TASK = "write-000"
 
 
-class ScriptedToy(ToyEnv):
-    counts: collections.Counter = collections.Counter()
-
-    async def grade(self, ctx, task):
-        _, report = await super().grade(ctx, task)
-        type(self).counts[task.task_id] += 1
-        return float(type(self).counts[task.task_id] % 2), report
-
 
 def make_env(client, proxy, max_calls=1):
-    return HarnessEnv(ScriptedToy(tasks=TASKS, client=client), OPENHANDS, proxy=proxy, max_steps=max_calls,
+    return HarnessEnv(AlternatingToy(tasks=TASKS, client=client), OPENHANDS, proxy=proxy, max_steps=max_calls,
                       max_seconds=600)
 
 
@@ -71,7 +64,7 @@ def test_a_grpo_step_on_openhands_runs(local_root, tmp_path):
              for m in request["messages"]]
     model, tokenizer = build_tiny_model(toy_corpus(TASKS.values(), tools=request["tools"]) + texts * 3,
                                         tmp_path / "tiny", vocab_size=4096, max_position_embeddings=32768)
-    ScriptedToy.counts = collections.Counter()
+    AlternatingToy.counts = collections.Counter()
     args = HarnessGRPOArgs(env_id="Orchard/Toy-v0", harness="openhands",
                            backend={"type": "local", "root": str(local_root)}, group_size=2, prompts_per_step=1,
                            max_calls=1, max_seconds=600, seed=0,
