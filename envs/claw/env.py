@@ -72,6 +72,15 @@ class ClawTool(Tool):
         return ToolResult(output=clip(json.dumps(answer["result"], indent=1, ensure_ascii=False)), exit_code=0)
 
 
+
+def _harbor_tasks(tasks: Any) -> Any:
+    """The Harbor source a Claw `tasks=` names (the old `harbor:PATH` door), else None."""
+    from ..harbor.tasks import is_harbor
+
+    if not is_harbor(tasks):
+        return None
+    return tasks.removeprefix("harbor:") if isinstance(tasks, str) else tasks
+
 class ClawEnv(SandboxEnv):
     """Gymnasium env over Claw tasks. Extra kwargs: `tasks` ("builtin", a folder, a file or a
     dict), `bash` (also offer a bash tool, for the `claw` command line), `image` (the sandbox
@@ -83,10 +92,10 @@ class ClawEnv(SandboxEnv):
 
     def __new__(cls, *args: Any, tasks: Any = "builtin", **kwargs: Any):
         from ..harbor.env import HarborEnv  # Harbor task folders: Orchard/Harbor-v0 (envs/harbor)
-        from ..harbor.tasks import is_harbor
 
-        if cls is ClawEnv and is_harbor(tasks):
-            return HarborEnv(tasks=tasks.removeprefix("harbor:") if isinstance(tasks, str) else tasks, **kwargs)
+        harbor = _harbor_tasks(tasks)
+        if cls is ClawEnv and harbor is not None:
+            return HarborEnv(tasks=harbor, **kwargs)
         return super().__new__(cls)
 
     def __init__(self, *, tasks: Any = "builtin", bash: bool = False, image: str | None = None,
@@ -116,11 +125,10 @@ class ClawEnv(SandboxEnv):
     @classmethod
     def tasks_from(cls, *, tasks: Any = "builtin", **kwargs: Any) -> dict:
         from ..harbor.env import HarborEnv
-        from ..harbor.tasks import is_harbor
 
-        if is_harbor(tasks):  # as __new__: Harbor task folders are Orchard/Harbor-v0's
-            return HarborEnv.tasks_from(tasks=tasks.removeprefix("harbor:") if isinstance(tasks, str) else tasks,
-                                        **kwargs)
+        harbor = _harbor_tasks(tasks)
+        if harbor is not None:  # as __new__: Harbor task folders are Orchard/Harbor-v0's
+            return HarborEnv.tasks_from(tasks=harbor, **kwargs)
         return load_tasks(tasks)
 
     def task_ids(self) -> list[str]:
