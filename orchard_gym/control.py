@@ -3,13 +3,13 @@ remote orchestrator (`orchard_gym.remote`). Both speak this one interface."""
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from .agent_client import AgentClient
+from .agent_pool import AgentPool
 from .errors import AgentUnavailable, InvalidRequest, SandboxFailed, SandboxNotFound, SnapshotNotFound
 from .models import (ExecEvent, ExecRequest, FileInfo, JobResult, PatchResult, SandboxRecord, SandboxSpec,
                      SnapshotRecord, check_snapshot_id)
@@ -114,14 +114,21 @@ def job_from_result(sandbox_id: str, req: ExecRequest, result, started: float) -
 
 
 class InProcessControl(SandboxControl):
-    """Drives a backend in this process; exec goes straight to the agent."""
+    """The control plane: drives a backend in this process; exec goes straight to the agent.
+
+    The SDK uses it as it is. The orchestrator (`service/sandboxes.py`) is this same object
+    behind HTTP: it subclasses it to keep the records in its shared store instead of
+    `_records` (the hooks `_agent_for`, `_gone` and `use`), and adds jobs, tenancy and
+    metrics around it; the agent calls, the death checks, the results and the snapshots are
+    these."""
 
     def __init__(self, backend, retry: RetryPolicy | None = None):
         self.backend = backend
         self.retry = retry or RetryPolicy()
+        self.agents = AgentPool(backend, self.retry)
         self._records: dict[str, SandboxRecord] = {}
-        self._agents: dict[str, AgentClient] = {}
 
+    # ------------------------------------------------------------------ records (hooks)
     async def _record(self, sandbox_id: str) -> SandboxRecord:
         record = self._records.get(sandbox_id)
         if record is None:
@@ -131,17 +138,32 @@ class InProcessControl(SandboxControl):
             self._records[sandbox_id] = record
         return record
 
-    async def _agent(self, sandbox_id: str) -> AgentClient:
-        agent = self._agents.get(sandbox_id)
+    async def _agent_for(self, sandbox_id: str) -> AgentClient:
+        """The agent of a sandbox no client is cached for yet."""
+        record = await self._record(sandbox_id)
+        if record.status == "failed":
+            raise SandboxFailed(f"sandbox {sandbox_id} has failed: {record.error}")
+        if record.endpoint is None:  # no address yet (a pod not yet scheduled): wait for it
+            record = await self.backend.wait_ready(record, self.retry.deadline + 90)
+        self.agents.remember(sandbox_id, record.endpoint)
+        agent = self.agents.cached(sandbox_id)
         if agent is None:
-            record = await self._record(sandbox_id)
-            if record.status == "failed":
-                raise SandboxFailed(f"sandbox {sandbox_id} has failed: {record.error}")
-            if record.endpoint is None:  # no address yet (a pod not yet scheduled): wait for it
-                record = await self.backend.wait_ready(record, self.retry.deadline + 90)
-            agent = self._agents[sandbox_id] = AgentClient(record.endpoint, self.retry)
+            raise SandboxFailed(f"sandbox {sandbox_id} has no agent address")
         return agent
 
+    async def _gone(self, sandbox_id: str, current: SandboxRecord | None, cause: Exception) -> None:
+        """The agent cannot be reached and the backend says the sandbox is dead (or gone): raise."""
+        self._records.pop(sandbox_id, None)
+        await self.agents.forget(sandbox_id)
+        reason = current.error if current else "it no longer exists"
+        raise SandboxFailed(f"sandbox {sandbox_id} is dead: {reason}") from cause
+
+    async def use(self, sandbox_id: str) -> SandboxRecord | None:
+        """Before a file or terminal call: the orchestrator counts it as a heartbeat and refuses
+        a sandbox that cannot take commands; in-process the agent call itself says so."""
+        return None
+
+    # ------------------------------------------------------------------ lifecycle
     async def create(self, spec: SandboxSpec, wait_ready: bool, timeout: float) -> SandboxRecord:
         record = await self.backend.create(spec)
         self._records[record.sandbox_id] = record
@@ -168,11 +190,13 @@ class InProcessControl(SandboxControl):
 
     async def delete(self, sandbox_id: str) -> None:
         self._records.pop(sandbox_id, None)
-        agent = self._agents.pop(sandbox_id, None)
-        if agent is not None:
-            await agent.aclose()
-        if not await self.backend.delete(sandbox_id):
+        if not await self.destroy(sandbox_id):
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+
+    async def destroy(self, sandbox_id: str) -> bool:
+        """Drop its agent client and delete it on the backend; False if the backend had none."""
+        await self.agents.forget(sandbox_id)
+        return await self.backend.delete(sandbox_id)
 
     async def heartbeat(self, sandbox_id: str) -> None:
         record = await self._record(sandbox_id)
@@ -184,8 +208,9 @@ class InProcessControl(SandboxControl):
             raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
         return found
 
-    async def snapshot(self, sandbox_id: str) -> SnapshotRecord:
-        return await self.backend.snapshot(sandbox_id)
+    # ------------------------------------------------------------------ snapshots
+    async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
+        return await self.backend.snapshot(sandbox_id, labels)
 
     async def delete_snapshot(self, snapshot_id: str) -> None:
         try:
@@ -193,14 +218,15 @@ class InProcessControl(SandboxControl):
         except ValueError as e:
             raise SnapshotNotFound(str(e)) from None
         if not await self.backend.delete_snapshot(snapshot_id):
-            raise SnapshotNotFound(f"no snapshot {snapshot_id!r}")
+            raise SnapshotNotFound(f"no snapshot {snapshot_id[:80]!r}")
 
     async def list_snapshots(self) -> list[SnapshotRecord]:
         return await self.backend.list_snapshots()
 
-    async def _call(self, sandbox_id: str, method: str, *args):
-        """Call the agent; when it cannot be reached, say whether the sandbox died."""
-        agent = await self._agent(sandbox_id)
+    # ------------------------------------------------------------------ agent calls
+    async def call(self, sandbox_id: str, method: str, *args):
+        """Call the sandbox's agent; when it cannot be reached, say whether the sandbox died."""
+        agent = self.agents.cached(sandbox_id) or await self._agent_for(sandbox_id)
         try:
             return await getattr(agent, method)(*args)
         except AgentUnavailable as e:
@@ -210,19 +236,18 @@ class InProcessControl(SandboxControl):
     async def _raise_if_dead(self, sandbox_id: str, cause: Exception) -> None:
         current = await self.backend.get(sandbox_id)
         if current is None or current.status == "failed":
-            self._records.pop(sandbox_id, None)
-            agent = self._agents.pop(sandbox_id, None)
-            if agent is not None:
-                await agent.aclose()
-            reason = current.error if current else "it no longer exists"
-            raise SandboxFailed(f"sandbox {sandbox_id} is dead: {reason}") from cause
+            await self._gone(sandbox_id, current, cause)
+
+    async def run(self, sandbox_id: str, req: ExecRequest) -> JobResult:
+        """Run a command on the agent and wait for it: its job result."""
+        started = time.time()
+        return job_from_result(sandbox_id, req, await self.call(sandbox_id, "exec", req), started)
 
     async def exec(self, sandbox_id: str, req: ExecRequest) -> JobResult:
-        started = time.time()
-        return job_from_result(sandbox_id, req, await self._call(sandbox_id, "exec", req), started)
+        return await self.run(sandbox_id, req)
 
     async def exec_stream(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
-        agent = await self._agent(sandbox_id)
+        agent = self.agents.cached(sandbox_id) or await self._agent_for(sandbox_id)
         try:
             async for event in agent.exec_stream(req):
                 yield event
@@ -231,24 +256,32 @@ class InProcessControl(SandboxControl):
             raise
 
     async def cancel(self, sandbox_id: str, job_id: str) -> bool:
-        return await self._call(sandbox_id, "cancel", job_id)
+        return await self.call(sandbox_id, "cancel", job_id)
 
     async def upload(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> dict:
-        return await self._call(sandbox_id, "upload", path, data, mode)
+        await self.use(sandbox_id)
+        return await self.call(sandbox_id, "upload", path, data, mode)
 
     async def download(self, sandbox_id: str, path: str) -> bytes:
-        return await self._call(sandbox_id, "download", path)
+        await self.use(sandbox_id)
+        return await self.call(sandbox_id, "download", path)
+
+    async def download_stream(self, sandbox_id: str, path: str) -> tuple[int, AsyncIterator[bytes]]:
+        """The file's size and its bytes as they arrive (the agent's refusals raise here, first)."""
+        await self.use(sandbox_id)
+        return await self.call(sandbox_id, "download_stream", path)
 
     async def list_files(self, sandbox_id: str, path: str) -> list[FileInfo]:
-        return await self._call(sandbox_id, "list_files", path)
+        await self.use(sandbox_id)
+        return await self.call(sandbox_id, "list_files", path)
 
     async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult:
-        return await self._call(sandbox_id, "apply_patch", patch, cwd, timeout)
+        return await self.call(sandbox_id, "apply_patch", patch, cwd, timeout)
 
     async def open_pty(self, sandbox_id: str, init: dict):
-        return await self._call(sandbox_id, "open_pty", init)
+        await self.use(sandbox_id)
+        return await self.call(sandbox_id, "open_pty", init)
 
     async def aclose(self) -> None:
-        agents, self._agents = list(self._agents.values()), {}
-        await asyncio.gather(*(a.aclose() for a in agents), return_exceptions=True)
+        await self.agents.aclose()
         await self.backend.aclose()

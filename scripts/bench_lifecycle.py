@@ -145,9 +145,11 @@ def orchestrated(args, root: Path) -> dict:
             async with AsyncSandboxClient(base_url=orch.url, api_key=API_KEY, retry=retry) as client:
                 return await run_lifecycles(client, args.n, args.concurrency, args.image)
 
-        self_cpu = _cpu_seconds(os.getpid())
+        self_cpu, orch_cpu = _cpu_seconds(os.getpid()), _cpu_seconds(orch.proc.pid)  # its start-up not counted
         result = asyncio.run(main())
-        result["cpu"] = {"orchestrator": _cpu_seconds(orch.proc.pid), "client": _cpu_seconds(os.getpid()) - self_cpu}
+        result["cpu"] = {"orchestrator": _cpu_seconds(orch.proc.pid) - orch_cpu,
+                         "client": _cpu_seconds(os.getpid()) - self_cpu}
+        result["requests"] = _requests_served(orch.url)  # read after the CPU: the scrape is not counted
     finally:
         orch.stop()
         if redis is not None:
@@ -187,6 +189,15 @@ def cpu_accounted():
                 time.sleep(0.1)
 
 
+def _requests_served(url: str) -> int:
+    """How many HTTP requests the orchestrator answered (its orchard_http_requests_total)."""
+    import httpx
+
+    text = httpx.get(url + "/metrics", headers={"X-API-Key": API_KEY}, timeout=30).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("orchard_http_requests_total{")))
+
+
 def _cpu_seconds(pid: int) -> float:
     """user+system CPU seconds a process has used (not its children)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -202,7 +213,9 @@ def report(label: str, r: dict) -> str:
             f"{pct(r['exec'], 95) * 1000:.1f} ms  leaked: {r['leaked']['processes']} processes, "
             f"{r['leaked']['folders']} folders")
     if "cpu" in r:
-        line += f"\n{'':<28} CPU: orchestrator {r['cpu']['orchestrator']:.1f}s, client {r['cpu']['client']:.1f}s"
+        per = r["cpu"]["orchestrator"] / max(1, r["requests"]) * 1000
+        line += (f"\n{'':<28} CPU: orchestrator {r['cpu']['orchestrator']:.1f}s over {r['requests']} requests "
+                 f"({per:.2f} ms per request), client {r['cpu']['client']:.1f}s")
     if r["errors"]:
         line += f"\n{'':<28} {len(r['errors'])} errors, first: {r['errors'][0]}"
     return line
@@ -254,13 +267,17 @@ def main() -> None:
                   f"{os.getloadavg()[0]:.1f} after", flush=True)
         if args.only in (None, "inprocess") and not args.spawners:
             (base / "in").mkdir()
+            load = os.getloadavg()[0]
             results["in-process (baseline)"] = inprocess(args, base / "in")
-            print(report("in-process (baseline)", results["in-process (baseline)"]), flush=True)
+            print(report("in-process (baseline)", results["in-process (baseline)"])
+                  + f"\n{'':<28} load average {load:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
         if args.only in (None, "orchestrator"):
             (base / "orch").mkdir()
             label = "orchestrator" + (" (redis)" if args.redis else "")
+            load = os.getloadavg()[0]
             results[label] = orchestrated(args, base / "orch")
-            print(report(label, results[label]), flush=True)
+            print(report(label, results[label])
+                  + f"\n{'':<28} load average {load:.1f} before, {os.getloadavg()[0]:.1f} after", flush=True)
         if len(results) == 2 and not args.spawners:
             (a, ra), (b, rb) = results.items()
             print(f"orchestrator / in-process: wall x{rb['wall'] / ra['wall']:.2f}, "

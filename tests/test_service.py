@@ -109,6 +109,35 @@ def test_orchard_wire_format(http, box):
     assert res["backend"]["backend"] == "local" and res["sandboxes"]["running"] >= 1
 
 
+def test_answers_built_without_validation_are_what_their_response_models_say(http, box):
+    """The hot routes answer with records and jobs as built, unvalidated (api.py `_json`): each
+    answer is exactly its response model's dump of itself, field for field."""
+    from orchard_gym.models import JobResult
+    from orchard_gym.service.api import Deleted, SandboxOut
+
+    def same_as_model(model, data: dict) -> None:
+        assert model.model_validate(data).model_dump(mode="json") == data, model.__name__
+
+    created = http.post("/sandboxes", params={"wait": "true"}, json={"labels": {"k": "v"}, "env": {"SECRET": "x"}})
+    sid = created.json()["sandbox_id"]
+    answers = [created, http.get(f"/sandboxes/{sid}"), http.get(f"/sandboxes/{sid}/wait", params={"timeout": 10}),
+               http.post(f"/sandboxes/{sid}/heartbeat"), http.get(f"/sandboxes/{box}")]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        same_as_model(SandboxOut, answer.json())
+        assert answer.json()["env"] == {"SECRET": "<hidden>"} or answer.json()["sandbox_id"] == box
+    for record in http.get("/sandboxes").json():
+        same_as_model(SandboxOut, record)
+    job = http.post(f"/sandboxes/{sid}/exec", json={"command": "echo hi", "wait": True}).json()
+    same_as_model(JobResult, job)
+    assert "key_owner" not in job and job["stdout"] == "hi\n"
+    same_as_model(JobResult, http.get(f"/jobs/{job['job_id']}").json())
+    same_as_model(JobResult, http.get(f"/jobs/{job['job_id']}/wait", params={"timeout": 5}).json())
+    deleted = http.delete(f"/sandboxes/{sid}").json()
+    same_as_model(Deleted, deleted)
+    assert deleted == {"status": "deleted", "sandbox_id": sid}
+
+
 def test_status_codes(http, box):
     assert http.get("/sandboxes/no-such").status_code == 404
     assert http.get("/sandboxes/no-such").json()["error"] == "SandboxNotFound"

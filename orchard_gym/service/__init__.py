@@ -4,10 +4,12 @@
     from orchard_gym.service import ServiceSettings, create_app
     app = create_app(ServiceSettings(api_keys=["secret"]))
 
-Modules, one job each: `settings` (env vars), `api` (routes and wire models), `app`
-(the FastAPI factory, middleware, `serve`), `store`/`redis_store` (shared state),
-`sandboxes` (lifecycle), `execs` (jobs, serialisation, concurrency), `reconciler`,
-`agents` (agent clients), `metrics`, `logs`, `errors` (exceptions -> HTTP).
+Modules, one job each: `settings` (env vars), `api` (routes and wire models: a thin HTTP
+layer over the control plane), `app` (the FastAPI factory, middleware, `serve`),
+`store`/`redis_store` (shared state), `sandboxes` (the SDK's control plane,
+`orchard_gym.control.InProcessControl`, with its records in the store), `execs` (its exec
+path: jobs, serialisation, concurrency), `reconciler`, `metrics`, `logs`, `errors`
+(exceptions -> HTTP).
 """
 
 from .settings import ServiceSettings

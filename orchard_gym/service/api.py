@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from orchard_gym import __version__
-from orchard_gym.errors import InvalidRequest, SandboxNotFound, SandboxTimeout
+from orchard_gym.errors import InvalidRequest
 from orchard_gym.models import (Command, ExecRequest, JobId, JobResult, PatchResult, SandboxRecord,
                                 SandboxSpec, Seconds, iso_mtime)
 
@@ -131,14 +131,23 @@ def _svc(request: Request):
 
 
 def _out(request: Request, record: SandboxRecord) -> dict:
+    """The record as `SandboxOut` has it, built directly: the hot routes answer with it
+    unvalidated (tests/test_service.py checks it against the model)."""
     settings = request.app.state.settings
     data = public_record(record)  # env names only, no owner label
+    data["details"] = {}  # backend internals: never shown
     data["expires_at"] = record.last_heartbeat + settings.sandbox_ttl
     data["ready"] = record.status == "running"
     data["namespace"] = record.details.get("namespace") or record.backend
-    data["timeout"] = record.details.get("ready_timeout") or settings.ready_timeout
+    data["timeout"] = float(record.details.get("ready_timeout") or settings.ready_timeout)
     data["status_message"] = record.error or ""
     return data
+
+
+def _json(data) -> Response:
+    """Our own data as JSON, as it is: FastAPI validates a returned dict against the route's
+    response model (which stays, for the OpenAPI schema) but not a returned Response."""
+    return JSONResponse(data)
 
 
 def _wait_for(request: Request, timeout: float) -> float:
@@ -172,8 +181,8 @@ async def health(request: Request) -> dict:
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
     svc = _svc(request)
-    svc.metrics.execs_running.set(svc.execs.running)
-    svc.metrics.execs_waiting.set(svc.execs.waiting)
+    svc.metrics.execs_running.set(svc.control.jobs.running)
+    svc.metrics.execs_waiting.set(svc.control.jobs.waiting)
     counts: dict[str, int] = {}
     for record in await svc.store.list_sandboxes():
         counts[record.status] = counts.get(record.status, 0) + 1
@@ -191,81 +200,69 @@ async def resources(request: Request) -> dict:
     return {
         "backend": svc.backend.resources(),
         "sandboxes": {"total": sum(counts.values()), **counts},
-        "execs": {"running": svc.execs.running, "waiting": svc.execs.waiting,
+        "execs": {"running": svc.control.jobs.running, "waiting": svc.control.jobs.waiting,
                   "concurrency": svc.settings.exec_concurrency, "queue": svc.settings.exec_queue},
         "replica": svc.settings.replica_id,
         "store": svc.store.kind,
-        "pools": svc.sandboxes.pools.stats() if svc.sandboxes.pools is not None else [],
+        "pools": svc.control.pools.stats() if svc.control.pools is not None else [],
     }
 
 
 @router.post("/sandboxes", summary="create a sandbox", response_model=SandboxOut, responses=_errors(409, 422, 503))
 async def create_sandbox(request: Request, spec: SandboxSpec,
                          wait: Annotated[bool, Query(description="answer once it is ready (or failed), "
-                                                     "within the server's max_wait")] = False) -> dict:
+                                                     "within the server's max_wait")] = False) -> Response:
     svc = _svc(request)
     check_labels(spec.labels)
     if spec.from_snapshot is not None:  # someone else's snapshot is a missing one (snapshots.py)
         from .snapshots import visible_snapshot
         await visible_snapshot(request, caller_of(request), spec.from_snapshot)
-    record = await svc.sandboxes.create(spec, caller_of(request).owner)
-    if wait:
-        timeout = _wait_for(request, spec.timeout or svc.settings.ready_timeout)
-        try:
-            record = await svc.sandboxes.wait_ready(record.sandbox_id, timeout)
-        except SandboxTimeout:
-            record = await svc.sandboxes.get(record.sandbox_id)  # still pending: the caller waits on
-    return _out(request, record)
+    timeout = _wait_for(request, spec.timeout or svc.settings.ready_timeout)
+    return _json(_out(request, await svc.control.create(spec, wait, timeout, owner=caller_of(request).owner)))
 
 
 @router.get("/sandboxes", summary="list sandboxes", response_model=list[SandboxOut], responses=_errors())
-async def list_sandboxes(request: Request) -> list[dict]:
+async def list_sandboxes(request: Request) -> Response:
     caller = caller_of(request)
-    return [_out(request, r) for r in await _svc(request).sandboxes.list() if caller.may_see(r)]
+    return _json([_out(request, r) for r in await _svc(request).control.list() if caller.may_see(r)])
 
 
 @router.get("/sandboxes/{sandbox_id}", response_model=SandboxOut, responses=_errors(404))
-async def get_sandbox(request: Request, sandbox_id: str) -> dict:
-    return _out(request, await _svc(request).sandboxes.get(sandbox_id))
+async def get_sandbox(request: Request, sandbox_id: str) -> Response:
+    return _json(_out(request, await _svc(request).control.get(sandbox_id)))
 
 
 @router.delete("/sandboxes/{sandbox_id}", response_model=Deleted, responses=_errors(404))
-async def delete_sandbox(request: Request, sandbox_id: str) -> dict:
-    await _svc(request).sandboxes.delete(sandbox_id)
-    return {"status": "deleted", "sandbox_id": sandbox_id}
+async def delete_sandbox(request: Request, sandbox_id: str) -> Response:
+    await _svc(request).control.delete(sandbox_id)
+    return _json({"status": "deleted", "sandbox_id": sandbox_id})
 
 
 @router.get("/sandboxes/{sandbox_id}/resources", summary="limits, kill method and usage of one sandbox",
             responses=_errors(404))
-async def sandbox_resources(request: Request, sandbox_id: str) -> dict:
-    svc = _svc(request)
-    await svc.sandboxes.get(sandbox_id)  # 404 for unknown ids, as every sandbox route
-    found = await svc.backend.sandbox_resources(sandbox_id)
-    if found is None:
-        raise SandboxNotFound(f"sandbox {sandbox_id} has no backend object (yet)")
-    return found
+async def sandbox_resources(request: Request, sandbox_id: str) -> Response:
+    return _json(await _svc(request).control.resources(sandbox_id))
 
 
 @router.get("/sandboxes/{sandbox_id}/wait", summary="block until the sandbox is ready (or failed)",
             response_model=SandboxOut, responses=_errors(404, 408))
-async def wait_sandbox(request: Request, sandbox_id: str, timeout: Timeout = 30.0) -> dict:
+async def wait_sandbox(request: Request, sandbox_id: str, timeout: Timeout = 30.0) -> Response:
     # a wait on readiness holds nothing but this request: it may be as long as creating takes
     timeout = min(timeout, request.app.state.settings.max_ready_wait)
-    return _out(request, await _svc(request).sandboxes.wait_ready(sandbox_id, timeout))
+    return _json(_out(request, await _svc(request).control.wait_ready(sandbox_id, timeout)))
 
 
 @router.post("/sandboxes/{sandbox_id}/heartbeat", summary="refresh the liveness timer",
              response_model=SandboxOut, responses=_errors(404))
-async def heartbeat(request: Request, sandbox_id: str) -> dict:
-    return _out(request, await _svc(request).sandboxes.heartbeat(sandbox_id))
+async def heartbeat(request: Request, sandbox_id: str) -> Response:
+    return _json(_out(request, await _svc(request).control.heartbeat(sandbox_id)))
 
 
 @router.post("/sandboxes/{sandbox_id}/exec", summary="run a command",
              response_model=JobResult | Queued, responses=_errors(404, 409, 422, 502, 503))
 async def exec_command(request: Request, sandbox_id: str, body: ExecBody) -> Response:
-    svc = _svc(request)
     wait_timeout = _wait_for(request, body.timeout + 5.0)
-    job = await svc.execs.submit(sandbox_id, body.request(), body.wait, wait_timeout)
+    job = await _svc(request).control.jobs.submit(sandbox_id, body.request(), body.wait, wait_timeout)
     if not body.wait:
         return JSONResponse({"job_id": job.job_id, "status": "queued"})
     return Response(job.public_json(), media_type="application/json")
@@ -276,7 +273,7 @@ async def exec_command(request: Request, sandbox_id: str, body: ExecBody) -> Res
                         200: {"content": {"application/x-ndjson": {}},
                               "description": "lines of {type: stdout|stderr, data} ... {type: exit, exit_code, ...}"}})
 async def exec_stream(request: Request, sandbox_id: str, body: ExecBody) -> StreamingResponse:
-    events = await _svc(request).execs.stream(sandbox_id, body.request())
+    events = await _svc(request).control.jobs.stream(sandbox_id, body.request())
 
     async def lines():
         try:
@@ -331,26 +328,27 @@ async def _until_disconnected(request: Request, events):
 
 
 @router.get("/jobs/{job_id}", response_model=JobResult, responses=_errors(404))
-async def get_job(request: Request, job_id: str) -> JobResult:
-    return (await _svc(request).execs.get_job(job_id)).public()
+async def get_job(request: Request, job_id: str) -> Response:
+    return Response((await _svc(request).control.jobs.get_job(job_id)).public_json(), media_type="application/json")
 
 
 @router.get("/jobs/{job_id}/wait", summary="block until the job is complete", response_model=JobResult,
             responses=_errors(404, 408))
-async def wait_job(request: Request, job_id: str, timeout: Timeout = 30.0) -> JobResult:
-    return (await _svc(request).execs.wait_job(job_id, _wait_for(request, timeout))).public()
+async def wait_job(request: Request, job_id: str, timeout: Timeout = 30.0) -> Response:
+    job = await _svc(request).control.jobs.wait_job(job_id, _wait_for(request, timeout))
+    return Response(job.public_json(), media_type="application/json")
 
 
 @router.post("/jobs/{job_id}/cancel", summary="kill a running job", response_model=Cancelled,
              responses=_errors(404, 502))
 async def cancel_job(request: Request, job_id: str) -> dict:
-    return {"job_id": job_id, "cancelled": await _svc(request).execs.cancel(job_id)}
+    return {"job_id": job_id, "cancelled": await _svc(request).control.jobs.cancel(job_id)}
 
 
 @router.post("/sandboxes/{sandbox_id}/apply_patch", response_model=PatchResult,
              responses=_errors(404, 409, 422, 502, 503))
 async def apply_patch(request: Request, sandbox_id: str, body: PatchBody) -> PatchResult:
-    return await _svc(request).execs.apply_patch(sandbox_id, body.patch, body.timeout_seconds, body.cwd)
+    return await _svc(request).control.apply_patch(sandbox_id, body.patch, body.timeout_seconds, body.cwd)
 
 
 @router.post("/sandboxes/{sandbox_id}/files", summary="upload a file", response_model=UploadOut,
@@ -360,19 +358,15 @@ async def upload(request: Request, sandbox_id: str, body: UploadBody) -> dict:
         data = base64.b64decode(body.content, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidRequest("content is not valid base64") from None
-    svc = _svc(request)
-    await svc.sandboxes.use(sandbox_id)
-    answer = await svc.sandboxes.call(sandbox_id, "upload", body.path, data, body.mode)
+    answer = await _svc(request).control.upload(sandbox_id, body.path, data, body.mode)
     return {"success": True, "path": answer.get("path", body.path), "size": answer.get("size", len(data))}
 
 
 @router.get("/sandboxes/{sandbox_id}/files", summary="download a file", response_model=DownloadOut,
             responses=_errors(404, 409, 422, 502))
 async def download(request: Request, sandbox_id: str, path: Annotated[str, Query(min_length=1)]) -> Response:
-    svc = _svc(request)
-    await svc.sandboxes.use(sandbox_id)
     # the agent's refusals (404, 413 too large, 422 not a regular file) surface here, before any byte
-    size, chunks = await svc.sandboxes.call(sandbox_id, "download_stream", path)
+    size, chunks = await _svc(request).control.download_stream(sandbox_id, path)
 
     async def body():  # the same JSON as ever, made as the file arrives: nothing holds it whole
         yield b'{"path": ' + json.dumps(path).encode() + b', "size": %d, "content": "' % size
@@ -390,7 +384,13 @@ async def download(request: Request, sandbox_id: str, path: Annotated[str, Query
 @router.get("/sandboxes/{sandbox_id}/files/list", summary="list a directory", response_model=ListOut,
             responses=_errors(404, 409, 422, 502))
 async def list_files(request: Request, sandbox_id: str, path: str = ".") -> dict:
-    svc = _svc(request)
-    await svc.sandboxes.use(sandbox_id)
-    files = await svc.sandboxes.call(sandbox_id, "list_files", path)
+    files = await _svc(request).control.list_files(sandbox_id, path)
     return {"path": path, "files": [{**f.model_dump(), "modified": iso_mtime(f.modified)} for f in files]}
+
+
+# FastAPI tries a router's routes in order on every request: the hot ones (a rollout's
+# create, exec, wait, usage read and delete) go first. No two paths here overlap, so the
+# order changes which route is tried first, never which one matches.
+_HOT = ("/sandboxes/{sandbox_id}/exec", "/sandboxes", "/sandboxes/{sandbox_id}", "/jobs/{job_id}/wait",
+        "/sandboxes/{sandbox_id}/resources", "/sandboxes/{sandbox_id}/wait")
+router.routes.sort(key=lambda r: _HOT.index(r.path) if getattr(r, "path", None) in _HOT else len(_HOT))

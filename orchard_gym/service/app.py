@@ -28,12 +28,11 @@ from .services import router as services_router
 from .snapshots import router as snapshots_router
 from .auth import KeyRing
 from .errors import status_of
-from .execs import ExecManager
 from .logs import request_id, setup_logging
 from .metrics import Metrics
 from .pools import ServicePools, sweep_left_behind
 from .reconciler import Reconciler
-from .sandboxes import SandboxManager
+from .sandboxes import ServiceControl
 from .settings import ServiceSettings, is_loopback
 from .store import MemoryStore, Store
 
@@ -52,8 +51,7 @@ class Service:
     settings: ServiceSettings
     backend: object
     store: Store
-    sandboxes: SandboxManager
-    execs: ExecManager
+    control: ServiceControl  # the SDK's control plane, its records in the store; the routes call it
     reconciler: Reconciler
     metrics: Metrics
 
@@ -89,10 +87,9 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
         the_store = store or make_store(settings)
         await the_store.start()
         the_backend = backend or make_backend(settings)
-        sandboxes = SandboxManager(settings, the_backend, the_store, metrics)
-        execs = ExecManager(settings, the_store, sandboxes, metrics)
-        reconciler = Reconciler(settings, the_backend, the_store, sandboxes, execs, metrics)
-        app.state.service = Service(settings, the_backend, the_store, sandboxes, execs, reconciler, metrics)
+        control = ServiceControl(settings, the_backend, the_store, metrics)
+        reconciler = Reconciler(settings, the_backend, the_store, control, metrics)
+        app.state.service = Service(settings, the_backend, the_store, control, reconciler, metrics)
         try:
             await reconciler.reconcile_once()  # adopt what a previous run left, before serving
         except Exception:
@@ -103,18 +100,17 @@ def create_app(settings: ServiceSettings | None = None, *, backend=None, store: 
         except Exception:
             log.exception("could not sweep the pools of replicas that are gone")
         if settings.pools:
-            sandboxes.pools = ServicePools(settings.pool_specs(), the_backend, the_store, settings.replica_id)
-            await sandboxes.pools.start()
+            control.pools = ServicePools(settings.pool_specs(), the_backend, the_store, settings.replica_id)
+            await control.pools.start()
         log.info("orchestrator started", extra={"replica": settings.replica_id, "backend": the_backend.name,
                                                 "store": the_store.kind})
         try:
             yield
         finally:
-            if sandboxes.pools is not None:
-                await sandboxes.pools.aclose()  # the idle ones; claimed ones live on as any other
+            if control.pools is not None:
+                await control.pools.aclose()  # the idle ones; claimed ones live on as any other
             await reconciler.aclose()
-            await execs.aclose()
-            await sandboxes.aclose()
+            await control.aclose()
             await the_backend.aclose()  # sandboxes live on: a restarted replica adopts them
             await the_store.aclose()
             log.info("orchestrator stopped", extra={"replica": settings.replica_id})
@@ -216,10 +212,10 @@ class RequestContext:
             elapsed = time.perf_counter() - started
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             method = scope.get("method", "")
-            self.metrics.requests.labels(method, route, str(status)).inc()
-            self.metrics.latency.labels(method, route).observe(elapsed)
-            access.info("request", extra={"method": method, "path": scope.get("path"), "route": route,
-                                          "status": status, "ms": round(elapsed * 1000, 3)})
+            self.metrics.observe_request(method, route, str(status), elapsed)
+            if access.isEnabledFor(logging.INFO):
+                access.info("request", extra={"method": method, "path": scope.get("path"), "route": route,
+                                              "status": status, "ms": round(elapsed * 1000, 3)})
             request_id.reset(token)
 
 

@@ -72,8 +72,7 @@ class KeyRing:
         return Caller(given, admin=admin)
 
 
-async def require_api_key(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> Caller:
-    # async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per request
+def require_api_key(request: Request, key: str | None) -> Caller:
     caller = request.app.state.keyring.caller(key)
     request.state.caller = caller
     return caller
@@ -83,10 +82,12 @@ def caller_of(request: Request) -> Caller:
     return request.state.caller
 
 
-async def check_scope(request: Request, caller: Annotated[Caller, Security(require_api_key)]) -> None:
+async def check_scope(request: Request, key: Annotated[str | None, Security(api_key_header)] = None) -> None:
     """The router's dependency: authenticates, then 404s any sandbox or job in the path that
     this caller may not see — so every route with `{sandbox_id}` or `{job_id}` is scoped,
-    including routes added later."""
+    including routes added later. One dependency, not two: FastAPI solves each per request.
+    (async: FastAPI runs a plain `def` dependency on its thread pool, a thread hop per request)"""
+    caller = require_api_key(request, key)
     if caller.admin:
         return
     svc = request.app.state.service

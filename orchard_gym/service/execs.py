@@ -1,4 +1,5 @@
-"""The exec manager: jobs, per-sandbox serialisation, a global concurrency bound.
+"""The orchestrator's jobs: the exec path of its control plane (`sandboxes.py`), with
+per-sandbox serialisation and a global concurrency bound around the control's own run.
 
 Commands on one sandbox run one at a time, in order (a lock in the store, so this holds
 across replicas); commands on different sandboxes run in parallel up to
@@ -15,13 +16,12 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from orchard_gym.control import job_from_result
+from orchard_gym.control import InProcessControl, job_from_result
 from orchard_gym.errors import JobNotFound, SandboxTimeout, ServiceUnavailable
 from orchard_gym.models import ExecEvent, ExecRequest, ExecResult, PatchResult
 
 from .auth import OWNER_LABEL
 from .errors import Conflict, job_error
-from .sandboxes import SandboxManager
 from .settings import ServiceSettings
 from .store import Job, Store
 
@@ -31,8 +31,8 @@ def job_key(job_id: str) -> str:
 
 
 class ExecManager:
-    def __init__(self, settings: ServiceSettings, store: Store, sandboxes: SandboxManager, metrics=None):
-        self.settings, self.store, self.sandboxes, self.metrics = settings, store, sandboxes, metrics
+    def __init__(self, settings: ServiceSettings, store: Store, control: InProcessControl, metrics=None):
+        self.settings, self.store, self.control, self.metrics = settings, store, control, metrics
         self.replica = settings.replica_id
         self._slots = asyncio.Semaphore(settings.exec_concurrency)
         self.waiting = 0  # admitted, not yet running
@@ -80,7 +80,7 @@ class ExecManager:
 
     # ------------------------------------------------------------------ exec
     async def submit(self, sandbox_id: str, req: ExecRequest, wait: bool, wait_timeout: float) -> Job:
-        record = await self.sandboxes.use(sandbox_id)
+        record = await self.control.use(sandbox_id)
         key_owner = record.labels.get(OWNER_LABEL)  # the job is readable by whoever may see its sandbox
         self._admit()
         self.waiting += 1
@@ -118,13 +118,14 @@ class ExecManager:
             async with self._turn(sandbox_id):
                 job.status, job.started_at = "running", time.time()
                 if job.job_id in self._cancelled:  # as if killed at once: a result, not an error
-                    result = ExecResult(exit_code=-9, cancelled=True, job_id=job.job_id)
+                    done = job_from_result(sandbox_id, req, ExecResult(exit_code=-9, cancelled=True,
+                                                                       job_id=job.job_id), job.started_at)
                 else:
                     await self.store.put_job(job, self.replica, self.settings.job_ttl)
-                    result = await self.sandboxes.call(sandbox_id, "exec", req)
-            done = job_from_result(sandbox_id, req, result, job.started_at)
-            job = Job.model_validate({**done.model_dump(), "job_id": job.job_id, "created_at": job.created_at,
-                                      "key_owner": job.key_owner})
+                    done = await self.control.run(sandbox_id, req)
+            # our own result: no second validation, no dump (model_construct takes the fields as they are)
+            job = Job.model_construct(**{**done.__dict__, "job_id": job.job_id, "created_at": job.created_at,
+                                         "started_at": job.started_at, "key_owner": job.key_owner})
         except Exception as e:
             exc = e
             job.status, job.completed_at, job.error = "failed", time.time(), job_error(e)
@@ -149,7 +150,7 @@ class ExecManager:
                 return True
         # 'running' is recorded just before the agent is called: give the agent a moment to have it
         deadline = time.monotonic() + 2.0
-        while not await self.sandboxes.call(job.sandbox_id, "cancel", job_id):
+        while not await self.control.call(job.sandbox_id, "cancel", job_id):
             job = await self.get_job(job_id)
             if job.is_complete or time.monotonic() > deadline:
                 return False
@@ -200,14 +201,14 @@ class ExecManager:
     async def stream(self, sandbox_id: str, req: ExecRequest) -> AsyncIterator[ExecEvent]:
         """Checks happen now (so errors get their status code); the command runs when the
         returned iterator is consumed."""
-        await self.sandboxes.use(sandbox_id)
+        await self.control.use(sandbox_id)
         self._admit()
 
         async def events():
             started = time.monotonic()
             self.waiting += 1  # counted only once consumed: a stream never started holds nothing
             async with self._turn(sandbox_id):
-                async for event in self.sandboxes.stream(sandbox_id, req):
+                async for event in self.control.exec_stream(sandbox_id, req):
                     yield event
             if self.metrics is not None:
                 self.metrics.exec_seconds.observe(time.monotonic() - started)
@@ -215,11 +216,11 @@ class ExecManager:
         return events()
 
     async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult:
-        await self.sandboxes.use(sandbox_id)
+        await self.control.use(sandbox_id)
         self._admit()
         self.waiting += 1
         async with self._turn(sandbox_id):
-            return await self.sandboxes.call(sandbox_id, "apply_patch", patch, cwd, timeout)
+            return await self.control.call(sandbox_id, "apply_patch", patch, cwd, timeout)
 
     async def aclose(self) -> None:
         tasks = list(self._tasks.values())

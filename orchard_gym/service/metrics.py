@@ -30,6 +30,18 @@ class Metrics:
         self.execs_waiting = Gauge("orchard_execs_waiting", "commands waiting for their turn", registry=r)
         self.sandboxes = Gauge("orchard_sandboxes", "sandboxes in the store by status", ["status"], registry=r)
 
+        self._request_children: dict[tuple[str, str, str], tuple] = {}
+
+    def observe_request(self, method: str, route: str, status: str, seconds: float) -> None:
+        """One HTTP request: the labelled children are looked up once per (method, route,
+        status) and kept, so a request costs a dict lookup, an increment and an observe."""
+        children = self._request_children.get((method, route, status))
+        if children is None:
+            children = self._request_children[(method, route, status)] = (
+                self.requests.labels(method, route, status), self.latency.labels(method, route))
+        children[0].inc()
+        children[1].observe(seconds)
+
     def observe_job(self, job: JobResult) -> None:
         self.jobs.labels(job.status).inc()
         if job.started_at and job.completed_at:

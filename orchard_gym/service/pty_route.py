@@ -89,8 +89,7 @@ async def exec_pty(ws: WebSocket, sandbox_id: str) -> None:
     except WebSocketDisconnect:
         return
     try:
-        await svc.sandboxes.use(sandbox_id)
-        channel = await svc.sandboxes.call(sandbox_id, "open_pty", init)
+        channel = await svc.control.open_pty(sandbox_id, init)  # counts as a use: 404 gone, 409 failed
     except OrchardError as e:  # a bad init (the agent's 422), a dead sandbox, ...
         status, name = status_of(e)
         # `error`/`status`: for the SDK to raise the same typed exception as in-process

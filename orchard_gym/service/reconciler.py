@@ -21,8 +21,7 @@ import time
 from orchard_gym.errors import SandboxNotFound
 
 from .auth import OWNER_LABEL
-from .execs import ExecManager
-from .sandboxes import LIVE, SandboxManager
+from .sandboxes import LIVE, ServiceControl
 from .settings import ServiceSettings
 from .store import Store
 
@@ -30,10 +29,9 @@ log = logging.getLogger("orchard_gym.service.reconciler")
 
 
 class Reconciler:
-    def __init__(self, settings: ServiceSettings, backend, store: Store, sandboxes: SandboxManager,
-                 execs: ExecManager, metrics=None):
+    def __init__(self, settings: ServiceSettings, backend, store: Store, control: ServiceControl, metrics=None):
         self.settings, self.backend, self.store = settings, backend, store
-        self.sandboxes, self.execs, self.metrics = sandboxes, execs, metrics
+        self.control, self.metrics = control, metrics
         self.replica = settings.replica_id
         self._task: asyncio.Task | None = None
         self.passes = 0
@@ -46,7 +44,7 @@ class Reconciler:
 
     async def _lost(self, sandbox_id: str, reason: str) -> None:
         try:
-            await self.sandboxes.mark_failed(sandbox_id, reason)
+            await self.control.mark_failed(sandbox_id, reason)
         except Exception:
             log.exception("could not mark a lost sandbox failed", extra={"sandbox_id": sandbox_id})
 
@@ -71,7 +69,7 @@ class Reconciler:
         now = time.time()
         for sandbox_id in await self.store.expired(now - self.settings.sandbox_ttl):
             try:
-                await self.sandboxes.delete(sandbox_id, reason="heartbeat expired")
+                await self.control.delete(sandbox_id, reason="heartbeat expired")
                 done["reaped"] += 1
             except SandboxNotFound:
                 pass
@@ -98,25 +96,25 @@ class Reconciler:
             if current is None:
                 if created_by_backend or not await replica_alive(record.details.get("replica")) \
                         or now > record.details.get("ready_deadline", 0):
-                    if await self.sandboxes.mark_failed(record.sandbox_id, "its backend resource vanished"):
+                    if await self.control.mark_failed(record.sandbox_id, "its backend resource vanished"):
                         done["failed"] += 1
             elif current.status == "failed":
-                if await self.sandboxes.mark_failed(record.sandbox_id, current.error or "its agent died"):
+                if await self.control.mark_failed(record.sandbox_id, current.error or "its agent died"):
                     done["failed"] += 1
             elif record.status == "pending" and not await replica_alive(record.details.get("replica")):
                 left = max(1.0, record.details.get("ready_deadline", now) - now)
-                self.sandboxes.watch(current, left)
+                self.control.watch(current, left)
                 done["resumed"] += 1
 
         for sandbox_id, current in seen.items():
             if OWNER_LABEL not in current.labels:
                 continue  # not an orchestrator's (an in-process client's, in the same place): never adopted
-            if await self.backend.get(sandbox_id) is not None and await self.sandboxes.adopt(current):
+            if await self.backend.get(sandbox_id) is not None and await self.control.adopt(current):
                 done["adopted"] += 1
 
         for job_id, owner in (await self.store.active_jobs()).items():
             if owner != self.replica and not await replica_alive(owner):
-                await self.execs.fail_orphaned(job_id, owner)
+                await self.control.jobs.fail_orphaned(job_id, owner)
                 done["jobs_failed"] += 1
 
         from .snapshots import expire_snapshots

@@ -1,5 +1,7 @@
-"""The sandbox manager: lifecycle (create, ready, delete), heartbeats, and calls to a
-sandbox's agent that notice when the sandbox died.
+"""The orchestrator's control plane: the SDK's in-process one (`orchard_gym/control.py`,
+which calls the agents and notices when a sandbox died) with its records in the shared
+store — lifecycle (create, ready, delete), heartbeats, failures — and the jobs of
+`execs.py` on its exec path. The routes (`api.py`) are a thin HTTP layer over it.
 
 A record is written to the store *before* the backend creates anything and removed only
 *after* the backend deleted it, so a backend sandbox without a record is a true orphan
@@ -11,16 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 
 from orchard_gym.backends.base import new_sandbox_id
-from orchard_gym.errors import AgentUnavailable, SandboxFailed, SandboxNotFound, SandboxTimeout
-from orchard_gym.models import ExecEvent, SandboxRecord, SandboxSpec
+from orchard_gym.control import InProcessControl
+from orchard_gym.errors import SandboxFailed, SandboxNotFound, SandboxTimeout
+from orchard_gym.models import ExecRequest, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
 from orchard_gym.retry import RetryPolicy
 
-from .agents import AgentPool
 from .auth import ANONYMOUS, OWNER_LABEL
 from .errors import Conflict
+from .execs import ExecManager
 from .settings import ServiceSettings
 from .store import Store
 
@@ -32,22 +34,34 @@ def sandbox_key(sandbox_id: str) -> str:
     return f"sb:{sandbox_id}"
 
 
-class SandboxManager:
+class ServiceControl(InProcessControl):
+    """`InProcessControl` with its records in the store, shared by replicas."""
+
     def __init__(self, settings: ServiceSettings, backend, store: Store, metrics=None):
-        self.settings, self.backend, self.store, self.metrics = settings, backend, store, metrics
-        self.replica = settings.replica_id
         # connection refusals are retried for a while (an agent still starting, a restart);
         # a connection that broke after the request was sent is not (exec is not idempotent)
-        retry = RetryPolicy(attempts=10_000, initial=0.02, maximum=0.5,
-                            deadline=max(settings.agent_retry_window, 0.001))
-        self.agents = AgentPool(backend, retry)
+        super().__init__(backend, RetryPolicy(attempts=10_000, initial=0.02, maximum=0.5,
+                                              deadline=max(settings.agent_retry_window, 0.001)))
+        self.settings, self.store, self.metrics = settings, store, metrics
+        self.replica = settings.replica_id
         self._watchers: dict[str, asyncio.Task] = {}
         self.pools = None  # pools.ServicePools, when the replica keeps warm pools
-
+        self.jobs = ExecManager(settings, store, self, metrics)  # its exec path; they call back into it
 
     # ------------------------------------------------------------------ lifecycle
-    async def create(self, spec: SandboxSpec, owner: str = ANONYMOUS) -> SandboxRecord:
-        """`owner`: the owner label (auth.py) the record and the backend's labels carry."""
+    async def create(self, spec: SandboxSpec, wait_ready: bool = False, timeout: float = 0.0, *,
+                     owner: str = ANONYMOUS) -> SandboxRecord:
+        """`owner`: the owner label (auth.py) the record and the backend's labels carry.
+        wait_ready: answer once it is ready or failed, or still pending after `timeout`."""
+        record = await self._create(spec, owner)
+        if wait_ready:
+            try:
+                record = await self.wait_ready(record.sandbox_id, timeout)
+            except SandboxTimeout:
+                record = await self.get(record.sandbox_id)  # still pending: the caller waits on
+        return record
+
+    async def _create(self, spec: SandboxSpec, owner: str) -> SandboxRecord:
         if self.pools is not None:  # a warm sandbox of this spec, now `owner`'s (pools.py)
             claimed = await self.pools.claim(spec, owner, self.settings.ready_timeout)
             if claimed is not None:
@@ -132,9 +146,8 @@ class SandboxManager:
             await self._free(sandbox_id)  # keep the record (it says why); free what it held
 
     async def _free(self, sandbox_id: str) -> None:
-        await self.agents.forget(sandbox_id)
         try:
-            await self.backend.delete(sandbox_id)
+            await self.destroy(sandbox_id)
         except Exception as e:
             log.warning("could not free a failed sandbox", extra={"sandbox_id": sandbox_id, "error": str(e)})
 
@@ -162,7 +175,7 @@ class SandboxManager:
                     raise SandboxTimeout(f"sandbox {sandbox_id} not ready after {timeout:g}s")
                 await waiter.wait(left)
 
-    async def heartbeat(self, sandbox_id: str) -> SandboxRecord:
+    async def heartbeat(self, sandbox_id: str) -> SandboxRecord:  # type: ignore[override]
         return await self.use(sandbox_id)
 
     async def use(self, sandbox_id: str) -> SandboxRecord:
@@ -183,8 +196,7 @@ class SandboxManager:
         watcher = self._watchers.pop(sandbox_id, None)
         if watcher is not None:
             watcher.cancel()
-        await self.agents.forget(sandbox_id)
-        await self.backend.delete(sandbox_id)
+        await self.destroy(sandbox_id)
         await self.store.remove_sandbox(sandbox_id)
         await self.store.notify(sandbox_key(sandbox_id))
         log.info("sandbox deleted", extra={"sandbox_id": sandbox_id, "reason": reason})
@@ -225,24 +237,30 @@ class SandboxManager:
         log.info("sandbox adopted", extra={"sandbox_id": record.sandbox_id, "status": record.status})
         return True
 
-    # ------------------------------------------------------------------ agent calls
-    async def call(self, sandbox_id: str, method: str, *args):
-        """Call the sandbox's agent; when it cannot be reached, say whether the sandbox died."""
-        agent = await self.agents.get(sandbox_id) or await self._agent_when_ready(sandbox_id)
-        try:
-            return await getattr(agent, method)(*args)
-        except AgentUnavailable as e:
-            await self._raise_if_dead(sandbox_id, e)
-            raise
+    async def resources(self, sandbox_id: str) -> dict:
+        await self.get(sandbox_id)  # 404 for unknown ids, as every sandbox route
+        return await super().resources(sandbox_id)
 
-    async def stream(self, sandbox_id: str, req) -> AsyncIterator[ExecEvent]:
-        agent = await self.agents.get(sandbox_id) or await self._agent_when_ready(sandbox_id)
-        try:
-            async for event in agent.exec_stream(req):
-                yield event
-        except AgentUnavailable as e:
-            await self._raise_if_dead(sandbox_id, e)
-            raise
+    async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
+        record = await self.use(sandbox_id)  # 404 when gone, 409 when failed; counts as a heartbeat
+        # the owner comes from the record, not the backend: a sandbox claimed from a warm pool was
+        # made (and labelled) before it had one
+        owner = {OWNER_LABEL: record.labels[OWNER_LABEL]} if OWNER_LABEL in record.labels else {}
+        return await super().snapshot(sandbox_id, {**(labels or {}), **owner} or None)
+
+    # ------------------------------------------------------------------ commands: through the jobs
+    async def exec(self, sandbox_id: str, req: ExecRequest) -> JobResult:
+        return await self.jobs.submit(sandbox_id, req, True, req.timeout + 5.0)
+
+    async def apply_patch(self, sandbox_id: str, patch: str, timeout: float, cwd: str | None) -> PatchResult:
+        return await self.jobs.apply_patch(sandbox_id, patch, timeout, cwd)
+
+    async def cancel(self, sandbox_id: str, job_id: str) -> bool:
+        return await self.jobs.cancel(job_id)
+
+    # ------------------------------------------------------------------ agent calls (the hooks)
+    async def _agent_for(self, sandbox_id: str):
+        return await self.agents.get(sandbox_id) or await self._agent_when_ready(sandbox_id)
 
     async def _agent_when_ready(self, sandbox_id: str):
         """No agent address yet: a pending sandbox (kubernetes: a pod not yet scheduled) is waited
@@ -257,11 +275,6 @@ class SandboxManager:
                 return agent
         await self._gone(sandbox_id, None)
 
-    async def _raise_if_dead(self, sandbox_id: str, cause: Exception) -> None:
-        current = await self.backend.get(sandbox_id)
-        if current is None or current.status == "failed":
-            await self._gone(sandbox_id, current, cause)
-
     async def _gone(self, sandbox_id: str, current: SandboxRecord | None, cause: Exception | None = None):
         await self.agents.forget(sandbox_id)
         record = await self.store.get_sandbox(sandbox_id)
@@ -272,6 +285,9 @@ class SandboxManager:
         raise SandboxFailed(f"sandbox {sandbox_id} is dead: {reason}") from cause
 
     async def aclose(self) -> None:
+        """Its watchers, jobs and agent clients; not the backend (app.py closes it: sandboxes
+        live on, and a restarted replica adopts them)."""
+        await self.jobs.aclose()
         for task in list(self._watchers.values()):
             task.cancel()
         await asyncio.gather(*self._watchers.values(), return_exceptions=True)

@@ -91,7 +91,7 @@ def _exposed(record) -> dict[str, float]:
 async def _answer(svc, sandbox_id: str, port: int, method: str, target: str, headers: list[tuple[str, str]],
                   body: bytes, timeout: float = 300.0) -> tuple[int, list[tuple[str, str]], object]:
     """Send one request through a tunnel: (status, headers, an async iterator of the body)."""
-    reader, writer = await svc.sandboxes.call(sandbox_id, "open_tunnel", port)
+    reader, writer = await svc.control.call(sandbox_id, "open_tunnel", port)
     conn = h11.Connection(h11.CLIENT)
     head = [("host", f"127.0.0.1:{port}"), ("connection", "close"), ("content-length", str(len(body))),
             *[(k, v) for k, v in headers if k.lower() not in HOP_HEADERS]]
@@ -131,7 +131,7 @@ async def _answer(svc, sandbox_id: str, port: int, method: str, target: str, hea
 @router.post("/sandboxes/{sandbox_id}/services", summary="expose a server in the sandbox at a URL")
 async def expose(request: Request, sandbox_id: str, body: ServiceBody) -> dict:
     svc, settings = request.app.state.service, request.app.state.settings
-    await svc.sandboxes.use(sandbox_id)
+    await svc.control.use(sandbox_id)
     expires = time.time() + (body.ttl_seconds or settings.service_ttl)
     if body.wait_ready:  # one request waits at most the server's max_wait, as every server-side wait
         await _wait_ready(svc, sandbox_id, body, min(body.ready_timeout, settings.max_wait))
@@ -166,7 +166,7 @@ async def _wait_ready(svc, sandbox_id: str, body: ServiceBody, timeout: float) -
 
 @router.get("/sandboxes/{sandbox_id}/services", summary="the ports a sandbox exposes")
 async def list_services(request: Request, sandbox_id: str) -> dict:
-    record = await request.app.state.service.sandboxes.get(sandbox_id)
+    record = await request.app.state.service.control.get(sandbox_id)
     return {"sandbox_id": sandbox_id, "ports": sorted(int(p) for p in _exposed(record))}
 
 
@@ -190,7 +190,7 @@ async def proxy(request: Request, token: str, path: str = "") -> Response:
     record = await svc.store.get_sandbox(sandbox_id)
     if record is None or str(port) not in _exposed(record):
         raise SandboxNotFound("no such service endpoint (unknown, expired or revoked)")
-    await svc.sandboxes.use(sandbox_id)
+    await svc.control.use(sandbox_id)
     body = await request.body()
     if len(body) > MAX_BODY:
         raise InvalidRequest(f"request body larger than {MAX_BODY} bytes")

@@ -50,18 +50,14 @@ async def visible_snapshot(request: Request, caller: Caller, snapshot_id: str) -
 @router.post("/sandboxes/{sandbox_id}/snapshots", summary="snapshot a sandbox's files (not its processes)",
              response_model=SnapshotRecord)
 async def take_snapshot(request: Request, sandbox_id: str) -> dict:
-    svc = request.app.state.service
-    record = await svc.sandboxes.use(sandbox_id)  # 404 when gone, 409 when failed; counts as a heartbeat
-    # the owner comes from the record, not the backend: a sandbox claimed from a warm pool was
-    # made (and labelled) before it had one
-    owner = {OWNER_LABEL: record.labels[OWNER_LABEL]} if OWNER_LABEL in record.labels else None
-    return public_snapshot(await svc.backend.snapshot(sandbox_id, owner))
+    # 404 when gone, 409 when failed; counts as a heartbeat; carries the record's owner
+    return public_snapshot(await request.app.state.service.control.snapshot(sandbox_id))
 
 
 @router.get("/snapshots", summary="list your snapshots", response_model=list[SnapshotRecord])
 async def list_snapshots(request: Request) -> list[dict]:
     caller = caller_of(request)
-    return [public_snapshot(s) for s in await request.app.state.service.backend.list_snapshots()
+    return [public_snapshot(s) for s in await request.app.state.service.control.list_snapshots()
             if OWNER_LABEL in s.labels and caller.may_see_owner(s.labels[OWNER_LABEL])]
 
 
@@ -69,8 +65,7 @@ async def list_snapshots(request: Request) -> list[dict]:
                response_model=SnapshotDeleted)
 async def delete_snapshot(request: Request, snapshot_id: str) -> dict:
     await visible_snapshot(request, caller_of(request), snapshot_id)
-    if not await request.app.state.service.backend.delete_snapshot(snapshot_id):
-        raise SnapshotNotFound(f"no snapshot {snapshot_id[:80]!r}")
+    await request.app.state.service.control.delete_snapshot(snapshot_id)
     return {"status": "deleted", "snapshot_id": snapshot_id}
 
 

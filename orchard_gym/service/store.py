@@ -175,8 +175,12 @@ class Store(ABC):
 
 
 class MemoryStore(Store):
-    """State in this process: one replica. Restarting it loses records, and the sandbox
-    manager re-adopts what the backend still runs."""
+    """State in this process: one replica. Restarting it loses records, and the control
+    plane re-adopts what the backend still runs.
+
+    Records go in and out as shallow copies, not deep ones: every change (an `Updater`
+    included) assigns a field anew and never mutates a stored dict in place, so a copy of
+    the fields is all that keeps a caller's record apart from the stored one."""
 
     kind = "memory"
 
@@ -192,7 +196,7 @@ class MemoryStore(Store):
     async def add_sandbox(self, record: SandboxRecord) -> bool:
         if record.sandbox_id in self._sandboxes:
             return False
-        self._sandboxes[record.sandbox_id] = record.model_copy(deep=True)
+        self._sandboxes[record.sandbox_id] = record.model_copy()
         self._beats[record.sandbox_id] = record.last_heartbeat
         return True
 
@@ -200,7 +204,7 @@ class MemoryStore(Store):
         record = self._sandboxes.get(sandbox_id)
         if record is None:
             return None
-        out = record.model_copy(deep=True)
+        out = record.model_copy()
         out.last_heartbeat = self._beats.get(sandbox_id, out.last_heartbeat)
         return out
 
@@ -215,7 +219,7 @@ class MemoryStore(Store):
         if record is None:
             return None
         if fn(record) is not False:
-            self._sandboxes[sandbox_id] = record.model_copy(deep=True)
+            self._sandboxes[sandbox_id] = record.model_copy()
         return record
 
     async def remove_sandbox(self, sandbox_id: str) -> bool:

@@ -1,16 +1,17 @@
-"""Clients of the sandboxes' agents, one per sandbox, reused across requests.
+"""Clients of the sandboxes' agents, one per sandbox, reused across calls (the control
+plane's, `control.py`: in-process and in the orchestrator alike).
 
-The agent's address and token come from the backend (never from the shared store, which
-holds no tokens): any replica can reach any sandbox its backend can see.
+The agent's address and token come from the backend (never from the orchestrator's shared
+store, which holds no tokens): any replica can reach any sandbox its backend can see.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from orchard_gym.agent_client import AgentClient
-from orchard_gym.models import AgentEndpoint
-from orchard_gym.retry import RetryPolicy
+from .agent_client import AgentClient
+from .models import AgentEndpoint
+from .retry import RetryPolicy
 
 
 class AgentPool:
@@ -23,7 +24,11 @@ class AgentPool:
         if endpoint is not None and sandbox_id not in self._clients:
             self._clients[sandbox_id] = AgentClient(endpoint, self.retry)
 
+    def cached(self, sandbox_id: str) -> AgentClient | None:
+        return self._clients.get(sandbox_id)
+
     async def get(self, sandbox_id: str) -> AgentClient | None:
+        """The sandbox's client; None while the backend knows no address for it."""
         client = self._clients.get(sandbox_id)
         if client is None:
             record = await self.backend.get(sandbox_id)
