@@ -12,7 +12,8 @@ import pytest
 
 
 @pytest.mark.parametrize("old, new", [("orchard_gym.algos.pool", "orchard_gym.algos.trajectory_pool"),
-                                      ("orchard_gym.images", "orchard_gym.screenshots")])
+                                      ("orchard_gym.images", "orchard_gym.screenshots"),
+                                      ("orchard_gym.service.agents", "orchard_gym.agent_pool")])
 def test_a_moved_module_warns_and_is_the_new_one(old, new):
     sys.modules.pop(old, None)
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
