@@ -120,7 +120,9 @@ def inprocess(args, root: Path) -> dict:
         async with AsyncSandboxClient(backend_config(args.backend, root)) as client:
             return await run_lifecycles(client, args.n, args.concurrency, args.image)
 
+    cpu = _cpu_seconds(os.getpid())
     result = asyncio.run(main())
+    result["cpu"] = {"client": _cpu_seconds(os.getpid()) - cpu}  # the SDK and the backend, in this process
     result["leaked"] = leaked(result["ids"], root if args.backend == "local" else None)
     return result
 
@@ -212,7 +214,9 @@ def report(label: str, r: dict) -> str:
             f"{pct(r['create'], 95) * 1000:.0f} ms  exec p50/p95 {pct(r['exec'], 50) * 1000:.1f}/"
             f"{pct(r['exec'], 95) * 1000:.1f} ms  leaked: {r['leaked']['processes']} processes, "
             f"{r['leaked']['folders']} folders")
-    if "cpu" in r:
+    if "cpu" in r and "orchestrator" not in r["cpu"]:
+        line += f"\n{'':<28} CPU: this process (SDK + backend) {r['cpu']['client']:.1f}s"
+    elif "cpu" in r:
         per = r["cpu"]["orchestrator"] / max(1, r["requests"]) * 1000
         line += (f"\n{'':<28} CPU: orchestrator {r['cpu']['orchestrator']:.1f}s over {r['requests']} requests "
                  f"({per:.2f} ms per request), client {r['cpu']['client']:.1f}s")
@@ -283,6 +287,11 @@ def main() -> None:
             print(f"orchestrator / in-process: wall x{rb['wall'] / ra['wall']:.2f}, "
                   f"exec p50 x{pct(rb['exec'], 50) / pct(ra['exec'], 50):.2f}, "
                   f"create p50 x{pct(rb['create'], 50) / pct(ra['create'], 50):.2f}")
+            if "cpu" in ra and "requests" in rb:  # the same backend work runs in the orchestrator instead
+                extra = rb["cpu"]["orchestrator"] + rb["cpu"]["client"] - ra["cpu"]["client"]
+                print(f"orchestrator CPU (server + client) beyond in-process: {extra:.1f}s, "
+                      f"{extra / rb['requests'] * 1000:.2f} ms per request; CPU x"
+                      f"{(rb['cpu']['orchestrator'] + rb['cpu']['client']) / ra['cpu']['client']:.2f}")
         if args.json:
             print(json.dumps({k: {"n": v["n"], "ok": v["ok"], "wall": v["wall"], "leaked": v["leaked"],
                                   "create_p50": pct(v["create"], 50), "create_p95": pct(v["create"], 95),
