@@ -24,6 +24,7 @@ SLOW = {
     "tests/test_train_vlm.py": "TRL steps with a tiny VLM",
     "tests/test_train_vlm_gui.py": "TRL steps on GUI episodes",
     "tests/test_dense_signals.py": "OPD/RPR trainer steps",
+    "tests/test_train_grpo_vllm.py": "TRL steps with a replaced vLLM generation object",
     "tests/test_dense_real_envs.py": "dense signals on real Claw, GUI and SWE episodes",
     "tests/test_distill_single_turn.py": "a distillation run",
     "tests/test_harness_grpo.py": "GRPO through a harness",
