@@ -22,7 +22,7 @@ from orchard_gym.envs.gui.env import DEFAULT_IMAGE  # noqa: E402
 from orchard_gym.envs.gui.oracles import GUIOraclePolicy  # noqa: E402
 from orchard_gym.integrations.core import EnvHub, carries_images, make_env  # noqa: E402
 
-pytestmark = [pytest.mark.docker, needs("docker", gui_image_why_not())]
+on_gui_image = [pytest.mark.docker, needs("docker", gui_image_why_not())]
 TASK = "miniwob/click-button"
 BACKEND = {"type": "docker"}
 KWARGS = {"backend": BACKEND, "tasks": "miniwob", "max_steps": 10}
@@ -33,6 +33,33 @@ def drawn(screen: np.ndarray) -> bool:
     return screen.shape == (720, 1280, 3) and len(np.unique(screen[:210, :160].reshape(-1, 3), axis=0)) > 20
 
 
+def on_the_gui_image(test):
+    for mark in reversed(on_gui_image):
+        test = mark(test)
+    return test
+
+
+def test_garbage_observations_get_clear_errors():
+    from orchard_gym.errors import InvalidRequest
+    from orchard_gym.integrations.core import ImagesNotCarried, observation_image, refuse_images
+    from orchard_gym.integrations.openenv import OpenEnvEnv
+    from orchard_gym.integrations.trl import trl_content
+
+    assert not carries_images(object()) and not carries_images(None)
+    assert observation_image("text") is None and observation_image({"text": "no screen"}) is None
+    assert trl_content({"text": "no screen"}) == "no screen" and trl_content("plain") == "plain"
+    with pytest.raises(InvalidRequest, match="uint8"):
+        trl_content({"screenshot": np.zeros((4, 4, 3), np.float64), "text": ""})
+    error = refuse_images("Orchard/GUI-v0", "a slot", "it is text only")
+    assert isinstance(error, ImagesNotCarried) and "it is text only" in str(error)
+    env = OpenEnvEnv.__new__(OpenEnvEnv)  # its observation decoding, without a server
+    env.observation_space = None
+    for bad in ("http://example.com/screen.png", "data:image/png;base64,not-a-png"):
+        with pytest.raises((InvalidRequest, ValueError)):
+            env._observation({"text": "x", "image": bad})
+
+
+@on_the_gui_image
 def test_hub_knows_which_envs_observe_images():
     assert carries_images(make_env("Orchard/GUI-v0", tasks="miniwob"))
     assert not carries_images(make_env("Orchard/Toy-v0"))
@@ -46,6 +73,7 @@ def test_hub_knows_which_envs_observe_images():
         hub.close()
 
 
+@on_the_gui_image
 def test_trl_environment_gives_screens_as_image_blocks_and_the_oracle_earns_the_reward():
     from orchard_gym.integrations.trl import environment_factory
 
@@ -76,6 +104,25 @@ def test_trl_environment_gives_screens_as_image_blocks_and_the_oracle_earns_the_
         factory.close()
 
 
+@on_the_gui_image
+def test_trl_gui_sandbox_that_cannot_start_is_an_error_not_a_crash():
+    """TRL calls reset serially inside its step: a GUI sandbox that cannot start must not raise
+    there; the rollout is errored (get_reward None, in factory.errors), as for text envs."""
+    from orchard_gym.integrations.trl import environment_factory
+
+    factory = environment_factory("Orchard/GUI-v0", **KWARGS, image="localhost/orchard/no-such-image:0")
+    try:
+        env = factory()
+        first = env.reset(task_id=TASK)
+        assert isinstance(first, str) and "could not be started" in first
+        assert asyncio.run(env.get_reward()) is None
+        [(task, outcome)] = factory.errors
+        assert task == TASK and outcome.error_kind == "infrastructure"
+    finally:
+        factory.close()
+
+
+@on_the_gui_image
 def test_openenv_session_carries_the_screen_as_a_png_data_url():
     from openenv.core.generic_client import GenericEnvClient
 

@@ -195,6 +195,15 @@ class Episode:
         the next `call`/`finish` waits for it and reports its failure."""
         self._started = self.hub.submit(self.start(task_id, seed))
 
+    async def first_observation(self) -> Any:
+        """The first observation of a `start_soon`, once the sandbox is up; EpisodeOver (and the
+        episode errored, never scored) if it could not be started."""
+        started = self._started
+        await self._ready()
+        if started is None:
+            raise EpisodeOver("no episode was started")
+        return started.result()
+
     async def _ready(self) -> None:
         started, self._started = self._started, None
         if started is not None:

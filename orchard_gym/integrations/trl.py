@@ -52,6 +52,8 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchard_gym.screenshots import image_array
+
 from .core import EnvHub, Episode, EpisodeOver, Outcome, observation_image, observation_text
 
 log = logging.getLogger(__name__)
@@ -79,9 +81,12 @@ class OrchardEnvironment:
                 random.choice(hub.task_ids())
         prompt = hub.prompt(task_id)  # raises on an unknown task, before anything starts
         self._task_id = task_id
-        if hub.images:  # the first screen exists only once the sandbox is up: wait for it
-            return trl_content(hub.run(self._episode.start(task_id, seed)))
         self._episode.start_soon(task_id, seed)
+        if hub.images:  # the first screen exists only once the sandbox is up: wait for it
+            try:
+                return trl_content(hub.run(self._episode.first_observation()))
+            except EpisodeOver as e:  # not started: the episode is errored, get_reward gives None
+                return str(e)
         return prompt
 
     async def get_reward(self) -> float | None:
@@ -120,7 +125,9 @@ def trl_content(obs: Any) -> str | list[dict]:
         return observation_text(obs)
     from PIL import Image
 
-    return [{"type": "image", "image": Image.fromarray(image)}, {"type": "text", "text": observation_text(obs)}]
+    screen = image_array(image)
+    screen = screen[..., 0] if screen.shape[2] == 1 else screen
+    return [{"type": "image", "image": Image.fromarray(screen)}, {"type": "text", "text": observation_text(obs)}]
 
 
 def python_type(schema: dict) -> Any:
