@@ -175,14 +175,17 @@ class BatchedGenerator:
         else:
             logps = torch.zeros(new.shape)
         stops = set(self.stop_ids)
-        results = []
-        for i, limit in enumerate(max_news):
-            ids = new[i].tolist()[:limit]
-            end = next((j for j, t in enumerate(ids) if t in stops), None)
-            if end is not None:
-                ids = ids[: end + 1]
-            results.append((ids, [float(v) for v in logps[i, : len(ids)].tolist()], end is not None))
-        return results
+        return [cut_at_stop(new[i].tolist(), logps[i].tolist(), limit, stops) for i, limit in enumerate(max_news)]
+
+
+def cut_at_stop(ids: list[int], logps: list[float], limit: int, stops: set[int]) -> tuple[list[int], list[float], bool]:
+    """A turn's generated tokens cut to `limit` and after the first stop token: (ids, their
+    log-probs, whether it ended with a stop token). Shared by the HF and vLLM generators."""
+    ids = ids[:limit]
+    end = next((j for j, t in enumerate(ids) if t in stops), None)
+    if end is not None:
+        ids = ids[: end + 1]
+    return ids, [float(v) for v in logps[: len(ids)]], end is not None
 
 
 @dataclass

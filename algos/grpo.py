@@ -87,6 +87,11 @@ class AgentGRPOArgs:
     prices: Any = field(default=None, metadata={"help": "cost ledger prices (orchard_gym.ledger.Prices)"})
     branch_at: int | None = field(default=None, metadata={
         "help": "fork each group from one root at turn K: advantages of the turns from K on (algos/branch_rollout.py)"})
+    use_vllm: str | None = field(default=None, metadata={
+        "help": "generate every turn with TRL's vLLM object: 'server' or 'colocate' (algos/vllm_turns.py); "
+                "None: the HF model's generate"})
+    vllm_server_url: str | None = field(default=None, metadata={
+        "help": "use_vllm='server': the `trl vllm-serve` base URL (default: TRL's, http://0.0.0.0:8000)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.bar, dict):
@@ -109,8 +114,12 @@ class AgentGRPOArgs:
                                            or self.branch_at < 0 or self.algo != "grpo"):
             raise ValueError("branch_at is a turn >= 0, with algo='grpo' (one root per fixed group)")
         from .dense import check_dense_args
+        from .vllm_turns import check_use_vllm
 
         check_dense_args(self)
+        if self.vllm_server_url is not None and self.use_vllm != "server":
+            raise ValueError("vllm_server_url needs use_vllm='server'")
+        check_use_vllm(self.use_vllm)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -231,6 +240,13 @@ class AgentRolloutFunc:
                                     client_kwargs=client_kwargs(args), system_prompt=args.system_prompt,
                                     render_tools=args.render_tools, concurrency=args.concurrency,
                                     drop_over_budget=args.drop_over_budget, max_context=max_context)
+        self._vllm = None  # the trainer's TRL VLLMGeneration (use_vllm), set when TRL calls us
+        from .vllm_turns import turn_generator
+
+        vllm_generator = turn_generator(args, lambda: self._vllm, self.runner.tokenizer, args.sampling,
+                                        vision=self.runner.generator.vision)
+        if vllm_generator is not None:  # every turn of every episode through TRL's vLLM object
+            self.runner.generator = vllm_generator
         self.pending_stats: list[dict] = []
         self.last_slots: list[SlotResult] = []
         self.trajectories_path: Path | None = None  # append every step's episodes here (JSONL) if set
@@ -249,6 +265,7 @@ class AgentRolloutFunc:
             if any(p != task for p in prompts[i * g:(i + 1) * g]):
                 raise ValueError("TRL's prompts are not grouped contiguously")
         self._model = trainer.accelerator.unwrap_model(trainer.model)
+        self._vllm = getattr(trainer, "vllm_generation", None)  # TRL synced its weights before calling us
         schedule = parse_step_budget(self.args.step_budget, max(trainer.state.max_steps, 1))
         budget = step_budget_at(schedule, trainer.state.global_step)
         return self.rollout([str(s) for s in slots], budget, step=trainer.state.global_step)
@@ -440,6 +457,11 @@ def make_grpo_config(output_dir: str | Path, args: AgentGRPOArgs, *, steps: int,
         report_to="none", seed=args.seed, use_cpu=cpu, bf16=False if cpu else None, fp16=False,
         remove_unused_columns=False, disable_tqdm=False, lr_scheduler_type="constant", warmup_steps=0,
     )
+    if args.use_vllm is not None:  # TRL builds its VLLMGeneration from these (algos/vllm_turns.py)
+        kwargs.update(use_vllm=True, vllm_mode=args.use_vllm, repetition_penalty=args.sampling.repetition_penalty,
+                      min_p=args.sampling.min_p)
+        if args.vllm_server_url is not None:
+            kwargs["vllm_server_base_url"] = args.vllm_server_url
     kwargs.update(overrides)
     if kwargs.get("bf16") is None:
         kwargs.pop("bf16")

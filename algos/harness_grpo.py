@@ -69,6 +69,9 @@ class HarnessGRPOArgs(AgentGRPOArgs):
     gamma: float = field(default=1.0, metadata={"help": "r_t = gamma^(T-t) * r_T"})
 
     def __post_init__(self) -> None:
+        if self.use_vllm is not None:
+            raise ValueError("--use-vllm does not combine with --harness yet: the harness's model calls are "
+                             "answered by the HF generator (algos/harness_grpo.py)")
         super().__post_init__()
         from orchard_gym.wrappers.harness import get_harness
 

@@ -542,13 +542,16 @@ def train() -> None:
 @click.option("--rpr-combine", default="sum:0.5", show_default=True, help="sum:LAMBDA | gated:THRESHOLD | process")
 @click.option("--branch-at", type=click.IntRange(min=0), default=None,
               help="fork each group from one root at turn K: per-turn advantages (docs/branching.md)")
+@click.option("--use-vllm", type=click.Choice(["server", "colocate"]), default=None,
+              help="generate every turn with TRL's vLLM (needs vllm and a GPU; docs/training.md)")
+@click.option("--vllm-server-url", default=None, help="--use-vllm server: the trl vllm-serve URL")
 @_price_opts
 def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_per_step, micro_batch, lr,
                step_budget, max_seconds, concurrency, max_new_tokens, max_completion_tokens, temperature,
                dynamic_sampling, max_resamples, bar_stride, bar_max_rollouts, bar_low, bar_high, bar_on_exhausted,
                task_filter, system_prompt, render_tools, backend, api_key, seed, out, plot, harness, gamma,
                max_calls, opd_teacher, opd_coef, opd_only, rpr_judge, rpr_rubric, rpr_combine, branch_at,
-               price_cpu_hour, price_1k_tokens) -> None:
+               use_vllm, vllm_server_url, price_cpu_hour, price_1k_tokens) -> None:
     """Multi-turn agent GRPO (TRL) on sandboxed episodes, with BAR or fixed groups.
 
     Example: orchard train grpo --env Orchard/Toy-v0 --model runs/tiny --algo bar --steps 50
@@ -594,7 +597,8 @@ def train_grpo(env_id, env_kwargs, model_path, algo, steps, group_size, prompts_
             system_prompt=system_prompt if system_prompt is not None else SYSTEM_PROMPT,
             render_tools=render_tools, seed=seed,
             opd=opd_args(opd_teacher, opd_coef, opd_only), rpr=rpr_args(rpr_judge, rpr_rubric, rpr_combine),
-            prices=price, **({"branch_at": branch_at} if branch_at is not None else {}))
+            prices=price, use_vllm=use_vllm, vllm_server_url=vllm_server_url,
+            **({"branch_at": branch_at} if branch_at is not None else {}))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if not (Path(model_path) / "config.json").is_file():  # after the flags: their mistakes are said first

@@ -270,6 +270,27 @@ def docker_engine() -> tuple[str | None, str]:
         client.close()
 
 
+def gui_image_why_not() -> str | None:
+    """Why the GUI env's image (scripts/build_gui_image.sh) cannot be used here, or None."""
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    gateway, why_not = docker_engine()
+    if gateway is None:
+        return why_not
+    import docker
+
+    from orchard_gym.backends.docker import default_base_url
+
+    client = docker.DockerClient(base_url=default_base_url(), timeout=10)
+    try:
+        client.api.inspect_image(DEFAULT_IMAGE)
+    except docker.errors.ImageNotFound:
+        return f"{DEFAULT_IMAGE} is missing (run scripts/build_gui_image.sh)"
+    finally:
+        client.close()
+    return None
+
+
 @pytest.fixture(params=conformance_params())
 def backend_case(request, local_root):
     case = dict(request.param)

@@ -24,6 +24,7 @@ from orchard_gym.envs.gui.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episode
 
 from components import needs, require
+from conftest import gui_image_why_not
 from service_helpers import short_root
 
 
@@ -257,30 +258,8 @@ def test_the_image_follows_the_backend():
     assert GUIEnv(backend={"type": "docker"}, tasks="miniwob", image="x/y:z").image_for(task) == "x/y:z"
 
 
-def _gui_image_why_not() -> str | None:
-    from conftest import docker_engine
-
-    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
-
-    gateway, why_not = docker_engine()
-    if gateway is None:
-        return why_not
-    import docker
-
-    from orchard_gym.backends.docker import default_base_url
-
-    client = docker.DockerClient(base_url=default_base_url(), timeout=10)
-    try:
-        client.api.inspect_image(DEFAULT_IMAGE)
-    except docker.errors.ImageNotFound:
-        return f"{DEFAULT_IMAGE} is missing (run scripts/build_gui_image.sh)"
-    finally:
-        client.close()
-    return None
-
-
 @pytest.mark.docker
-@needs("docker", _gui_image_why_not())
+@needs("docker", gui_image_why_not())
 def test_docker_miniwob_screenshot_and_oracle():
     """The GUI image on the docker backend: the daemon runs on the agent bundle's Python, the
     host reaches it through the relay (frames downloaded), the page is drawn, the oracle wins."""
@@ -343,7 +322,7 @@ def test_the_terminal_readiness_probe_sees_a_shell_wait_for_input():
 
 
 @pytest.mark.docker
-@needs("docker", _gui_image_why_not())
+@needs("docker", gui_image_why_not())
 def test_docker_desktop_task_solved_by_the_oracle():
     """A desktop task (mousepad on openbox, no browser) in the GUI image on docker: the file
     starts as the task laid it out, the oracle edits and saves it through the screen, and the

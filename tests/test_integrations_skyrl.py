@@ -98,3 +98,16 @@ def test_malformed_text_is_an_observation_and_dead_sandbox_is_flagged(local_root
     assert out["done"] and out["metadata"].get("error") and env.get_metrics()["errored"] == 1
     env.close()
     assert live_sandboxes(backend) == []
+
+
+def test_gui_is_refused_saying_why():
+    """SkyRL-Gym's observations are text: the GUI env is refused by name, at registration and at
+    make, with the reason, never served as a numpy repr in a string."""
+    from orchard_gym.integrations.core import ImagesNotCarried
+    from orchard_gym.integrations.skyrl import OrchardTextEnv
+
+    with pytest.raises(ImagesNotCarried, match=r"GUI-v0 observes screenshots.*SkyRL-Gym.*string content"):
+        register_envs(["Orchard/GUI-v0"])
+    assert "Orchard/GUI-v0" not in skyrl_gym.registry and "Orchard/GUI-v0" not in register_envs()
+    with pytest.raises(ImagesNotCarried, match="text tokens"):
+        OrchardTextEnv({"tasks": "miniwob"}, env_id="Orchard/GUI-v0")

@@ -24,6 +24,7 @@ SLOW = {
     "tests/test_train_vlm.py": "TRL steps with a tiny VLM",
     "tests/test_train_vlm_gui.py": "TRL steps on GUI episodes",
     "tests/test_dense_signals.py": "OPD/RPR trainer steps",
+    "tests/test_train_grpo_vllm.py": "TRL steps with a replaced vLLM generation object",
     "tests/test_dense_real_envs.py": "dense signals on real Claw, GUI and SWE episodes",
     "tests/test_distill_single_turn.py": "a distillation run",
     "tests/test_harness_grpo.py": "GRPO through a harness",
@@ -58,6 +59,7 @@ SLOW = {
     "tests/test_integrations_trl.py": "TRL GRPO steps",
     "tests/test_integrations_openenv.py": "OpenEnv servers and episodes",
     "tests/test_integrations_skyrl.py": "graded episodes",
+    "tests/test_integrations_gui.py": "GUI containers through TRL and OpenEnv (minutes under load)",
     "tests/test_cli_mistakes.py": "a CLI process per mistake, Ctrl-C runs",
     "tests/test_synth.py::test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build":
         "a whole synthesis run: builder, test and refiner episodes",

@@ -127,6 +127,8 @@ class GUIEnv(SandboxEnv):
         if self.image:
             return self.image
         backend = self._client_args["backend"]
+        if backend is None and self._client is not None:  # a shared client (trainer adapters, GRPO): its backend's
+            backend = getattr(self._client.backend, "name", None)
         kind = backend.get("type") if isinstance(backend, dict) else getattr(backend, "type", backend)
         # container backends need the GUI stack in the image; the local backend runs the host's
         return DEFAULT_IMAGE if kind in ("docker", "kubernetes") else None

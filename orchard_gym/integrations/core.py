@@ -13,6 +13,11 @@ no rollout logic lives here, so an adapter's rewards are `gym.make`'s by constru
     assert outcome.reward == 1.0 and outcome.error is None
     hub.close()                              # releases every sandbox, closes the shared client
 
+Observations are the env's own: text, or for image envs (GUI) a dict with a `screenshot`
+array next to its `text`. `hub.images` says which; an adapter whose slot carries images
+turns them into its own content with `observation_text` / `observation_image`, and one whose
+slot cannot carry them refuses the env with `refuse_images` (its reason in the message).
+
 Every episode of a hub shares one sandbox client (its warm pools, its connection), and
 runs on the package's background event loop, so sync callers (TRL's `reset`) and async
 ones (TRL's tool loop, OpenEnv's server) can both use it.
@@ -31,6 +36,10 @@ import gymnasium as gym
 
 from orchard_gym._loop import LoopThread
 from orchard_gym.client import AsyncSandboxClient
+from orchard_gym.screenshots import IMAGE_KEYS, observation_text
+
+__all__ = ["EnvHub", "Episode", "EpisodeOver", "ImagesNotCarried", "Outcome", "carries_images", "make_env",
+           "observation_image", "observation_text", "refuse_images"]
 
 T = TypeVar("T")
 CLIENT_KWARGS = ("backend", "base_url", "api_key", "pool")  # what the shared client is built from
@@ -50,6 +59,30 @@ class Outcome:
 
 class EpisodeOver(RuntimeError):
     """A tool was called after the episode ended."""
+
+
+class ImagesNotCarried(gym.error.Error):
+    """An image env (GUI) offered to a slot whose observations are text only."""
+
+
+def carries_images(env: Any) -> bool:
+    """Whether `env`'s observations carry an image (a Dict space with a `screenshot`)."""
+    space = getattr(env, "observation_space", None)
+    return isinstance(space, gym.spaces.Dict) and any(k in space.spaces for k in IMAGE_KEYS)
+
+
+def observation_image(obs: Any) -> Any | None:
+    """The image array of an observation (an image env's `screenshot`), else None."""
+    if isinstance(obs, dict):
+        return next((obs[k] for k in IMAGE_KEYS if obs.get(k) is not None), None)
+    return None
+
+
+def refuse_images(env_id: str, slot: str, why: str) -> ImagesNotCarried:
+    """The error an adapter raises for an image env its slot cannot carry."""
+    return ImagesNotCarried(f"{env_id} observes screenshots, and {slot} cannot carry them: {why}. "
+                            "Use a slot that carries images (TRL's environment_factory with a vision-language "
+                            "model, OpenEnv) or orchard train grpo (docs/integrations.md)")
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:
@@ -77,6 +110,11 @@ class EnvHub:
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
         return LoopThread.shared().loop
+
+    @property
+    def images(self) -> bool:
+        """Whether this env's observations carry screenshots (GUI)."""
+        return carries_images(self.probe)
 
     @property
     def tool_schemas(self) -> list[dict]:
@@ -142,8 +180,9 @@ class Episode:
         self.outcome: Outcome | None = None
         self._started: asyncio.Future | None = None
 
-    async def start(self, task_id: str | None = None, seed: int | None = None) -> str:
-        """Provision the task's sandbox and set it up; returns the first observation."""
+    async def start(self, task_id: str | None = None, seed: int | None = None) -> Any:
+        """Provision the task's sandbox and set it up; returns the first observation (text, or an
+        image env's {"screenshot", "text"} dict)."""
         if self.env is None:
             self.env = make_env(self.hub.env_id, client=self.hub.client(), **self.hub.env_kwargs)
         self.outcome = None
@@ -155,6 +194,15 @@ class Episode:
         """`start` in the background (sync callers that must not wait, e.g. TRL's serial `reset`);
         the next `call`/`finish` waits for it and reports its failure."""
         self._started = self.hub.submit(self.start(task_id, seed))
+
+    async def first_observation(self) -> Any:
+        """The first observation of a `start_soon`, once the sandbox is up; EpisodeOver (and the
+        episode errored, never scored) if it could not be started."""
+        started = self._started
+        await self._ready()
+        if started is None:
+            raise EpisodeOver("no episode was started")
+        return started.result()
 
     async def _ready(self) -> None:
         started, self._started = self._started, None
@@ -172,11 +220,11 @@ class Episode:
         return self.outcome is not None or (self.env is not None and self.env.trajectory is not None
                                             and self.env.trajectory.ended_at is not None)
 
-    async def call(self, tool: str, arguments: dict | None = None) -> str:
+    async def call(self, tool: str, arguments: dict | None = None) -> Any:
         """Run one tool call as an env step; returns the observation (errors in words)."""
         return (await self.step({"name": tool, "arguments": arguments or {}}))[0]
 
-    async def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+    async def step(self, action: Any) -> tuple[Any, float, bool, bool, dict]:
         """`env.astep(action)`; after the end of the episode: EpisodeOver."""
         await self._ready()
         if self.env is None or self.env.trajectory is None:
@@ -204,6 +252,8 @@ class Episode:
                 raise EpisodeOver("no episode was started")
             if "submit" in self.env.tools:
                 await self.step({"name": "submit", "arguments": {}})
+            elif "terminate" in self.env.tools:  # GUI's end of an episode, as it stands (then graded)
+                await self.step({"name": "terminate", "arguments": {"status": "failure"}})
             else:  # no way to end it early: the env's own budget decides
                 raise EpisodeOver(f"{self.hub.env_id} has no submit tool; the episode is still running")
         return self.outcome
@@ -227,5 +277,3 @@ def outcome_of(env: Any, reward: float) -> Outcome:
         return Outcome(None, t.error, t.error_kind or "infrastructure", dict(t.report or {}), len(t.turns))
     return Outcome(float(reward), None, None, dict(t.report or {}), len(t.turns))
 
-
-__all__ = ["EnvHub", "Episode", "EpisodeOver", "Outcome", "make_env"]

@@ -25,6 +25,11 @@ observation: never a silent 0.0.
 The other way, `gym.make("Orchard/OpenEnv-v0", url=...)` is a Gymnasium env over any OpenEnv
 server (text observations; dict actions as that server's schema says; for Orchard servers a
 tool call `{"name": ..., "arguments": ...}` or `{"tool": ..., "arguments": ...}`).
+
+Image envs (GUI): an observation is JSON, so the screen travels as a PNG data URL in the
+observation's `image` field (`text` holds the env's text), at reset and after every step;
+`Orchard/OpenEnv-v0` over such a server gives `{"screenshot": array, "text": str}`
+observations, as the GUI env itself does.
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ import uuid
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 from openenv.core.env_server.http_server import create_app as openenv_create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, ConcurrencyConfig, EnvironmentMetadata, Observation, State
 from pydantic import Field
 
 from orchard_gym.envs.spaces import AgentAction, UnicodeText
+from orchard_gym.screenshots import data_url, image_arrays
 
-from .core import EnvHub, Episode, EpisodeOver
+from .core import EnvHub, Episode, EpisodeOver, observation_image, observation_text
 
 
 class OrchardAction(Action):
@@ -59,6 +66,7 @@ class OrchardObservation(Observation):
     action_error: str | None = Field(None, description="why the action was refused (the episode goes on)")
     error: str | None = Field(None, description="why the episode errored: its reward is not a grade")
     report: dict = Field(default_factory=dict, description="the grader's report (at the end)")
+    image: str | None = Field(None, description="image envs (GUI): the screen as a data:image/png;base64 URL")
 
 
 class OrchardState(State):
@@ -84,16 +92,16 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
                           task_id: str | None = None, **kwargs: Any) -> OrchardObservation:
         if task_id is not None:
             self.hub.check_task(task_id)
-        text = await self._on_loop(self.episode.start(task_id, seed))
+        obs = await self._on_loop(self.episode.start(task_id, seed))
         task = self.episode.env.trajectory.task_id
         self._state = OrchardState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, task_id=task)
-        return OrchardObservation(text=text, task_id=task, tools=self.hub.tool_schemas)
+        return OrchardObservation(**_content(obs), task_id=task, tools=self.hub.tool_schemas)
 
     async def step_async(self, action: OrchardAction, timeout_s: float | None = None,
                          **kwargs: Any) -> OrchardObservation:
         call = {"name": action.tool, "arguments": action.arguments}
         try:
-            text, reward, terminated, truncated, info = await self._on_loop(self.episode.step(call))
+            seen, reward, terminated, truncated, info = await self._on_loop(self.episode.step(call))
         except EpisodeOver as e:
             outcome = self.episode.outcome
             self._state.done = True
@@ -101,7 +109,7 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
                                       error=outcome.error if outcome else str(e))
         self._state.step_count += 1
         done = terminated or truncated
-        obs = OrchardObservation(text=text, task_id=self._state.task_id, done=done,
+        obs = OrchardObservation(**_content(seen), task_id=self._state.task_id, done=done,
                                  action_error=info.get("action_error"))
         if done:
             outcome = self.episode.outcome
@@ -125,6 +133,12 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
 
     def close(self) -> None:
         self.hub.run(self.episode.release())
+
+
+def _content(obs: Any) -> dict:
+    """An env observation as the observation's `text` and (image envs) `image` fields."""
+    image = observation_image(obs)
+    return {"text": observation_text(obs), "image": data_url(image) if image is not None else None}
 
 
 def _jsonable(report: dict) -> dict:
@@ -173,7 +187,7 @@ class OpenEnvEnv(gym.Env):
             kwargs["seed"] = seed
         result = self.client.reset(**kwargs)
         obs = result.observation
-        return _text(obs), {k: v for k, v in obs.items() if k != "text"}
+        return self._observation(obs), {k: v for k, v in obs.items() if k not in ("text", "image")}
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
         if isinstance(action, dict) and "name" in action and "tool" not in action:  # OpenAI-style tool call
@@ -182,11 +196,23 @@ class OpenEnvEnv(gym.Env):
             action = {"tool": fn["name"], "arguments": json.loads(args) if isinstance(args, str) else args}
         result = self.client.step(action)
         obs = dict(result.observation)
-        info = {k: v for k, v in obs.items() if k != "text"}
+        info = {k: v for k, v in obs.items() if k not in ("text", "image")}
         reward = result.reward
         if result.done and reward is None:  # an errored episode: no grade, said in info
             info.setdefault("error", "the server gave no reward")
-        return _text(obs), float(reward or 0.0), bool(result.done), False, info
+        return self._observation(obs), float(reward or 0.0), bool(result.done), False, info
+
+    def _observation(self, obs: dict) -> Any:
+        """The server's observation as this env returns it: its text, or with an `image` (an Orchard
+        image env's screen) the `{"screenshot": array, "text": str}` an Orchard image env returns (the
+        observation space becomes that Dict when the first screen arrives)."""
+        if not isinstance(obs.get("image"), str):
+            return _text(obs)
+        [screen] = image_arrays([{"type": "image_url", "image_url": {"url": obs["image"]}}])
+        if not isinstance(self.observation_space, gym.spaces.Dict):
+            self.observation_space = gym.spaces.Dict({
+                "screenshot": gym.spaces.Box(0, 255, screen.shape, np.uint8), "text": self.observation_space})
+        return {"screenshot": screen, "text": _text(obs)}
 
     def close(self) -> None:
         if self._connected:

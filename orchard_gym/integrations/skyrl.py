@@ -17,6 +17,10 @@ envs made with equal `env_config`s share one sandbox client. SkyRL's step output
 float reward: an errored episode (the sandbox died, the task could not be graded) ends with
 reward 0.0 **and** `metadata["error"]`, and counts in `get_metrics()["errored"]`, so a
 generator can drop it; never read its 0.0 as a grade.
+
+Image envs (GUI) are refused (`ImagesNotCarried`, saying why): SkyRL-Gym 0.4's `BaseTextEnv`
+observations are chat messages whose content is a string, which SkyRL's generator renders
+with the chat template into text tokens; there is no place for a screenshot.
 """
 
 from __future__ import annotations
@@ -27,9 +31,12 @@ from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from .core import EnvHub, EpisodeOver
+from .core import EnvHub, EpisodeOver, carries_images, make_env, refuse_images
 
 _HUBS: dict[str, EnvHub] = {}
+SLOT = "SkyRL-Gym 0.4's BaseTextEnv"
+WHY = ("its observations are chat messages with string content, which SkyRL's generator renders into text "
+       "tokens (BaseTextEnvStepOutput: observations=[{'role': 'user', 'content': str}])")
 _LOCK = threading.Lock()
 
 
@@ -61,6 +68,8 @@ class OrchardTextEnv(BaseTextEnv):
     def __init__(self, env_config: Any = None, extras: dict | None = None, *, env_id: str):
         super().__init__()
         self.hub = shared_hub(env_id, _plain(env_config))
+        if self.hub.images:
+            raise refuse_images(env_id, SLOT, WHY)
         self.episode = self.hub.episode()
         self.extras = dict(extras or {})
         self.max_turns = self.hub.probe.max_steps
@@ -111,6 +120,13 @@ def register_envs(env_ids: list[str] | None = None) -> list[str]:
     from orchard_gym.registration import ENVS
 
     ids = env_ids if env_ids is not None else [i for i in ENVS if i not in ("Orchard/GUI-v0", "Orchard/OpenEnv-v0")]
+    for env_id in env_ids or ():  # asked for by name: an image env is refused here, not at the first make
+        try:
+            probe = make_env(env_id)
+        except Exception:  # an env that needs kwargs to be made (e.g. OpenEnv-v0's url): checked at make
+            continue
+        if carries_images(probe):
+            raise refuse_images(env_id, SLOT, WHY)
     for env_id in ids:
         if env_id not in skyrl_gym.registry:
             skyrl_gym.register(id=env_id, entry_point=f"{__name__}:OrchardTextEnv", kwargs={"env_id": env_id})

@@ -28,6 +28,12 @@ episode's sandbox is deleted right after `get_reward` grades it, again on the ne
 `reset`, and every one left at `factory.close()` (the `factory.callback()` calls it when
 training ends, and at interpreter exit as a last resort).
 
+Image envs (GUI): TRL 1.16 takes a tool result, and `reset`'s return, as a list of content
+blocks, and hands its `{"type": "image", "image": PIL.Image}` blocks to a vision-language
+model (`_tool_call_loop`: `tool_images`). So a GUI environment's `reset` waits for its sandbox
+and returns the first screen as `[image, text]`, and every tool call returns the next screen
+the same way (errors stay text). It needs a vision-language `processing_class`.
+
 A dict of factories (`{"swe": environment_factory("Orchard/SWE-v0"), "toy": ...}`) is TRL's
 mixed run: `build_dataset(that_dict)` gives rows with the `environment` column TRL routes on.
 """
@@ -46,7 +52,9 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .core import EnvHub, Episode, EpisodeOver, Outcome
+from orchard_gym.screenshots import image_array
+
+from .core import EnvHub, Episode, EpisodeOver, Outcome, observation_image, observation_text
 
 log = logging.getLogger(__name__)
 JSON_TYPES = {"string": str, "integer": int, "number": float, "boolean": bool, "array": list, "object": dict}
@@ -64,8 +72,9 @@ class OrchardEnvironment:
         self._episode: Episode = self._factory.hub.episode()
         self._task_id: str | None = None
 
-    def reset(self, task_id: str | None = None, seed: int | None = None, **row: Any) -> str:
-        """Start the row's task; returns its first observation (appended to the prompt by TRL)."""
+    def reset(self, task_id: str | None = None, seed: int | None = None, **row: Any) -> str | list[dict]:
+        """Start the row's task; returns its first observation (appended to the prompt by TRL): the
+        task text, or for an image env the first screen as content blocks (after the sandbox is up)."""
         hub = self._factory.hub
         if task_id is None:
             task_id = random.Random(seed).choice(hub.task_ids()) if seed is not None else \
@@ -73,6 +82,11 @@ class OrchardEnvironment:
         prompt = hub.prompt(task_id)  # raises on an unknown task, before anything starts
         self._task_id = task_id
         self._episode.start_soon(task_id, seed)
+        if hub.images:  # the first screen exists only once the sandbox is up: wait for it
+            try:
+                return trl_content(hub.run(self._episode.first_observation()))
+            except EpisodeOver as e:  # not started: the episode is errored, get_reward gives None
+                return str(e)
         return prompt
 
     async def get_reward(self) -> float | None:
@@ -93,15 +107,27 @@ class OrchardEnvironment:
         """The last episode's trajectory (actions, observations, reward, error)."""
         return self._episode.env.trajectory if self._episode.env is not None else None
 
-    async def _call(self, tool: str, arguments: dict) -> str:
+    async def _call(self, tool: str, arguments: dict) -> str | list[dict]:
         try:
-            return await self._on_loop(self._episode.call(tool, arguments))
+            return trl_content(await self._on_loop(self._episode.call(tool, arguments)))
         except EpisodeOver as e:
             return str(e)
 
     async def _on_loop(self, coro):
         # the env and its client live on the package's loop; TRL awaits tools on its own
         return await asyncio.wrap_future(self._factory.hub.submit(coro))
+
+
+def trl_content(obs: Any) -> str | list[dict]:
+    """An observation as TRL takes a tool result: text, or `[image block, text block]` (a PIL image)."""
+    image = observation_image(obs)
+    if image is None:
+        return observation_text(obs)
+    from PIL import Image
+
+    screen = image_array(image)
+    screen = screen[..., 0] if screen.shape[2] == 1 else screen
+    return [{"type": "image", "image": Image.fromarray(screen)}, {"type": "text", "text": observation_text(obs)}]
 
 
 def python_type(schema: dict) -> Any:
@@ -150,7 +176,7 @@ def tool_method(schema: dict):
     method.__annotations__ = annotations
     description = " ".join((fn.get("description") or name).split())
     method.__doc__ = description + ("\n\nArgs:\n" + "\n".join(arg_docs) if arg_docs else "") + \
-        "\n\nReturns:\n    The tool's output, as the env observes it."
+        "\n\nReturns:\n    The tool's output, as the env observes it (an image env: the screen and its text)."
     return method
 
 
