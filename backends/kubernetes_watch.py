@@ -200,12 +200,14 @@ class PodWatcher:
 
     def _relist(self) -> None:
         b = self.backend
+        # what we knew before asking: a pod our own create seeds while the list is on its way is
+        # not in the answer, and must not be taken for one deleted while we were not watching
+        with self.lock:
+            before = dict(self.pods)
         data = b._call(b.core.list_namespaced_pod, b.namespace, label_selector=self.selector)
         self.stats["lists"] += 1
         items = {p["metadata"]["labels"][self.sandbox_label]: p for p in data.get("items") or []
                  if self.sandbox_label in (p["metadata"].get("labels") or {})}
-        with self.lock:
-            before = dict(self.pods)
         # what changed while we were not watching, as the events we missed
         for sid, pod in before.items():
             if sid not in items or items[sid]["metadata"]["uid"] != pod["metadata"]["uid"]:

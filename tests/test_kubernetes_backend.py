@@ -244,6 +244,67 @@ async def test_410_gone_lists_again_and_misses_nothing(instant):
         await backend.aclose()
 
 
+async def test_a_create_during_a_slow_list_is_not_taken_for_a_pod_deleted_meanwhile(instant):
+    """A 410 makes the watch list again; a pod our own create seeds while that list is on its
+    way is missing from the (older) answer, and must not be reported lost."""
+    backend = control_plane_backend(instant)
+    lost = []
+    backend.on_lost(lambda sid, reason: lost.append((sid, reason)))
+    try:
+        a = await backend.create(SandboxSpec(image=BUSYBOX))
+        await backend.wait_ready(a, 10)  # the watch is up
+        w = backend.watcher
+        instant.fault(slow_lists=3.0)  # the next list is answered 3 s after the server read it
+        instant.fault(cut_watches=True, refuse_watches=2)  # the watch goes away for a while ...
+        assert await eventually(lambda: w.stats["errors"] >= 1), w.stats
+        status, _ = instant.kube("POST", instant.pod_path(kind="secrets"),  # ... the cluster moves on ...
+                                 {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": f"bump-{uuid.uuid4().hex[:8]}"}})
+        assert status == 201
+        instant.fault(compact=True)  # ... and forgets the history: the watch's resume gets 410, it lists again
+        assert await eventually(lambda: w.stats["gone"] >= 1, 10), w.stats
+        box = await backend.create(SandboxSpec(image=BUSYBOX))  # while that list is on its way
+        assert await eventually(lambda: w.stats["lists"] >= 2, 15), w.stats
+        assert (await backend.wait_ready(box, 10)).status == "running"
+        assert lost == []
+    finally:
+        instant.fault(slow_lists=0)
+        await backend.aclose()
+
+
+def test_a_lagging_watch_does_not_fail_another_replicas_sandbox(instant, tmp_path):
+    """Two replicas over Redis: the leader's watch cache has not heard of the pod the other
+    replica just created (its watch is down). The reconciler asks the API before it calls
+    the sandbox vanished."""
+    from service_helpers import Orchestrator, RedisServer, need_redis_server
+
+    need_redis_server()
+    config = instant.backend_config(owner=f"t-{uuid.uuid4().hex[:10]}", verify_reach=False)
+    for d in ("redis", "a", "b"):
+        (tmp_path / d).mkdir()
+    redis = RedisServer(tmp_path / "redis")
+    replicas = []
+    try:
+        for name in ("a", "b"):
+            replicas.append(Orchestrator(tmp_path / name, backend="kubernetes", backend_config=config,
+                                         redis_url=redis.url, replica_id=f"lag-{name}", reconcile_interval=0.2))
+        assert wait_until(lambda: sum(r.reconcile_passes() for r in replicas) >= 2, 30)
+        leader, other = sorted(replicas, key=lambda r: r.reconcile_passes(), reverse=True)
+        instant.fault(cut_watches=True, refuse_watches=10**6)  # every watch down: caches stop where they are
+        with other.client() as client:
+            box = client.create_sandbox(image=BUSYBOX, wait_ready=False)  # seeded in the other's cache only
+            passes = leader.reconcile_passes()
+            assert wait_until(lambda: leader.reconcile_passes() >= passes + 5, 30)
+            assert box.refresh().status != "failed", box.record
+            instant.fault(refuse_watches=0)  # the watches come back and tell of the pod
+            assert wait_until(lambda: box.refresh().status == "running", 30), box.record
+            box.delete()
+    finally:
+        instant.fault(refuse_watches=0)
+        for r in replicas:
+            r.stop()
+        redis.close()
+
+
 async def test_bookmarks_keep_the_resume_point_fresh(instant):
     backend = control_plane_backend(instant)
     try:

@@ -94,11 +94,17 @@ class Reconciler:
                 continue
             created_by_backend = record.details.get("backend_created")
             if current is None:
-                if created_by_backend or not await replica_alive(record.details.get("replica")) \
-                        or now > record.details.get("ready_deadline", 0):
+                if not (created_by_backend or not await replica_alive(record.details.get("replica"))
+                        or now > record.details.get("ready_deadline", 0)):
+                    continue
+                # the list may lag behind the backend (a watch cache not yet told of another
+                # replica's create, or refilling after a 410): ask for this one before failing it
+                current = await self.backend.get(record.sandbox_id)
+                if current is None:
                     if await self.control.mark_failed(record.sandbox_id, "its backend resource vanished"):
                         done["failed"] += 1
-            elif current.status == "failed":
+                    continue
+            if current.status == "failed":
                 if await self.control.mark_failed(record.sandbox_id, current.error or "its agent died"):
                     done["failed"] += 1
             elif record.status == "pending" and not await replica_alive(record.details.get("replica")):

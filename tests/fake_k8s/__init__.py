@@ -7,6 +7,7 @@ exactly as to a real cluster, through a kubeconfig.
     config = cluster.backend_config()      # {"type": "kubernetes", "kubeconfig": ..., "namespace": ...}
     cluster.fault(throttle=3)              # the next 3 API requests answer 429
     cluster.stats()                        # request counts, watches, 410s, kubelet counters
+    cluster.ready_times()                  # instant kubelet: pod name -> when it turned Ready
     cluster.stop()                         # removes every container and volume it made
 """
 
@@ -73,11 +74,16 @@ class FakeCluster:
         return f"/{group}/namespaces/{namespace or self.namespace}/{kind}" + (f"/{name}" if name else "")
 
     def fault(self, **faults) -> dict:
-        """throttle=N, retry_after=S, errors=N, error_code=C, refuse_watches=N, cut_watches=True, compact=True"""
+        """throttle=N, retry_after=S, errors=N, error_code=C, refuse_watches=N, cut_watches=True, compact=True,
+        slow_lists=S (the next list is answered S seconds after it was read)"""
         return self._call("POST", "/_fake/faults", faults)
 
     def stats(self) -> dict:
         return self._call("GET", "/_fake/stats")
+
+    def ready_times(self) -> dict[str, float]:
+        """The instant kubelet's pod name -> time.time() the pod turned Ready."""
+        return self._call("GET", "/_fake/ready_times")
 
     def reset_stats(self) -> None:
         self._call("DELETE", "/_fake/stats")

@@ -272,7 +272,13 @@ class Faults:
         self.errors = 0  # next N API requests answer `error_code`
         self.error_code = 500
         self.refuse_watches = 0  # next N watch requests answer 500
+        self.slow_lists = 0.0  # the next list (not watch) is answered this many seconds after it was read
         self.cut_generation = 0  # bumping it cuts every open watch mid-event
+
+    def take_slow_list(self) -> float:
+        with self.lock:
+            delay, self.slow_lists = self.slow_lists, 0.0
+            return delay
 
     def take(self, watch: bool) -> ApiError | None:
         with self.lock:
@@ -350,6 +356,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, code: int, obj, headers: dict | None = None) -> None:
         data = json.dumps(obj, separators=(",", ":")).encode()
+        if getattr(self, "_answer_late", 0.0):  # a slow list: what it says may be stale when it lands
+            time.sleep(self._answer_late)
+            self._answer_late = 0.0
         self._untrack()  # the answer is done: the client may send its next request before we wrote it
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
@@ -413,6 +422,8 @@ class Handler(BaseHTTPRequestHandler):
             srv.count(f"{method} {plural}{'/name' if name else ''}{' watch' if watch else ''}")
             if watch:
                 return self._watch(plural, ns, query)
+            if method == "GET" and name is None:
+                self._answer_late = srv.faults.take_slow_list()
             srv.track(+1)
             self._tracking = True
             try:
@@ -639,6 +650,8 @@ class Handler(BaseHTTPRequestHandler):
                 for key in ("throttle", "retry_after", "errors", "error_code", "refuse_watches"):
                     if key in body:
                         setattr(f, key, int(body[key]))
+                if "slow_lists" in body:
+                    f.slow_lists = float(body["slow_lists"])
                 if body.get("cut_watches"):
                     f.cut_generation += 1
             with srv.store.cond:
@@ -655,6 +668,8 @@ class Handler(BaseHTTPRequestHandler):
             if srv.kubelet is not None:
                 stats["kubelet"] = srv.kubelet.stats()
             return self._send(200, stats)
+        if path == "/_fake/ready_times" and method == "GET":  # the instant kubelet's pod name -> Ready time
+            return self._send(200, dict(getattr(srv.kubelet, "ready_at", {})))
         if path == "/_fake/stats" and method == "DELETE":
             with srv.stats_lock:
                 srv.stats.clear()

@@ -628,6 +628,7 @@ class InstantKubelet:
         self.store, self.delay, self.node = store, delay, node
         self._ips = itertools.count(1)
         self.counters = {"started": 0}
+        self.ready_at: dict[str, float] = {}  # pod name -> time.time() it turned Ready (benchmarks' wake-up latency)
         store.listeners.append(self.on_event)
 
     def stats(self) -> dict:
@@ -666,6 +667,7 @@ class InstantKubelet:
                                         "started": True, "restartCount": 0,
                                         "state": {"running": {"startedAt": started}}}]
         self.store.update("pods", ns, name, ready, uid=uid)
+        self.ready_at[name] = time.time()
         self.counters["started"] += 1
 
     def shutdown(self) -> None:
