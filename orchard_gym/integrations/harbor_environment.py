@@ -11,7 +11,8 @@ nothing else: no policy, no grading): on docker the task's image, built from `en
 absolute paths (/logs, /tests, /solution, the image's WORKDIR) live in the working directory
 and are rewritten in every command, path and uploaded text file as Orchard/Harbor-v0 rewrites
 the task's own scripts. Harbor does the rest as with any environment: the agent, its time
-limit (a command still running when Harbor cancels it is cancelled in the sandbox), the
+limit (a command's `timeout_sec` is its Orchard timeout; one whose call Harbor cancels is killed by
+the sandbox's agent when the caller hangs up), the
 verifier, the reward. Environment kwargs (`--ek`, or `environment.kwargs` in a job config):
 `backend`: "local" (default; bwrap isolation), "docker", or a backend config as JSON.
 Commands run as the sandbox's user (a Harbor `user=` is not honoured: Orchard sandboxes have
@@ -20,13 +21,11 @@ one user, as `[agent] user` is for Orchard/Harbor-v0).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import io
 import json
 import shlex
 import tarfile
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,14 +114,11 @@ class OrchardEnvironment(BaseEnvironment):
     # ------------------------------------------------------------------ commands
     async def _run(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout: float | None = None):
+        # Harbor's agent limit cancels this call: the agent in the sandbox kills a command whose
+        # caller hung up (orchard_gym/agent/jobs.py), so it does not outlive the limit
         ctx = self._ready.context()
-        job_id = f"harbor-{uuid.uuid4().hex[:12]}"
-        try:
-            return await ctx.sandbox.exec(["bash", "-c", command], cwd=cwd or ctx.cwd, env={**ctx.env, **(env or {})},
-                                          timeout=min(float(timeout or MAX_EXEC), MAX_EXEC), job_id=job_id)
-        except asyncio.CancelledError:  # Harbor's agent limit: the command must not outlive it
-            await asyncio.shield(ctx.sandbox.cancel(job_id))
-            raise
+        return await ctx.sandbox.exec(["bash", "-c", command], cwd=cwd or ctx.cwd, env={**ctx.env, **(env or {})},
+                                      timeout=min(float(timeout or MAX_EXEC), MAX_EXEC))
 
     async def exec(self, command: str, cwd: str | None = None, env: dict[str, str] | None = None,
                    timeout_sec: int | None = None, user: str | int | None = None) -> ExecResult:
