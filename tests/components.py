@@ -47,6 +47,7 @@ COMPONENTS = {
     "swe-datasets": "datasets and pyarrow (extra [swe], also in [train]): dataset folders, Parquet, swebench's eval scripts",
     "train": "torch, transformers and TRL (extra [train])",
     "integrations": "OpenEnv, verifiers and SkyRL-Gym (extra [integrations]): the trainer adapters",
+    "harbor": "harbor==0.25.0 in a Python 3.13 venv (scripts/install_harbor.sh): Harbor's own runner and models",
 }
 
 

@@ -34,6 +34,17 @@ def _module(name: str, hint: str) -> str:
     return "" if importlib.util.find_spec(name) else f"{name} is not installed ({hint})"
 
 
+def _harbor() -> str:
+    from orchard_gym.integrations.harbor_venv import harbor_python
+    from orchard_gym.wrappers.harness_install import HarnessInstallError
+
+    try:
+        harbor_python(build=False)
+    except HarnessInstallError as e:
+        return str(e)
+    return ""
+
+
 def _docker() -> str:
     from conftest import docker_engine
     return docker_engine()[1]
@@ -70,6 +81,7 @@ WHY_NOT = {  # component -> () -> why it is missing ("" when present)
     "swe-images": lambda: _docker() or ("" if _image("localhost/orchard/swe-semver") else
                                         "no SWE task images (scripts/build_swe_images.py)"),
     "claude-code": lambda: _module("fastapi", "bash scripts/install.sh server") or _claude_code(),
+    "harbor": lambda: _harbor(),
 }
 
 

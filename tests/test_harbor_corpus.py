@@ -19,6 +19,7 @@ from orchard_gym.envs.harbor.tasks import load_tasks
 from orchard_gym.policies import NothingPolicy
 
 from conftest import docker_engine, needs, needs_bwrap
+from harbor_real import harbor_check
 
 CORPUS = Path(__file__).parent / "data" / "harbor" / "corpus"
 _GATEWAY, _WHY_NOT = docker_engine()
@@ -49,6 +50,20 @@ def test_the_corpus_loads_and_lists_each_malformed_task_with_its_reason():
     assert tasks["limits/legacy-memory"].settings.internet is False  # allow_internet = false
     assert tasks["limits/internet-off"].settings.internet is False
     assert tasks["grading/verifier-env"].settings.verifier_env == {"EXPECTED": "orchard", "EXPECTED_COUNT": "3"}
+
+
+def test_every_runnable_task_validates_with_harbors_own_task_config():
+    """Harbor 0.25.0's TaskConfig (its real package, in its venv: scripts/harbor_check.py): every task
+    Orchard runs is a valid Harbor task; of the malformed ones Harbor itself rejects only the two
+    that are not valid Harbor configs (the others are valid there, and refused by Orchard)."""
+    status, said = harbor_check("tasks", CORPUS)
+    verdicts = dict(line.split(None, 1)[::-1] for line in said.splitlines() if line.startswith(("valid", "INVALID")))
+    verdicts = {name.split(":")[0].split("  (")[0]: verdict for name, verdict in verdicts.items()}
+    runnable, _ = load_tasks(CORPUS)
+    assert len(verdicts) == len(runnable) + len(MALFORMED) >= 20 + len(MALFORMED), said
+    assert status == 1 and {n for n, v in verdicts.items() if v == "INVALID"} == \
+        {"malformed/bad-toml", "malformed/bad-package-name"}, said
+    assert all(verdicts[task_id] == "valid" for task_id in runnable), said
 
 
 def play(env: HarborEnv, policy, task_id: str) -> tuple[float, HarborEnv]:

@@ -17,6 +17,7 @@ from orchard_gym.envs.harbor.dockerfile import pip_packages
 from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy, load_harbor
 
 from conftest import docker_engine, needs, needs_bwrap
+from harbor_real import harbor_check
 
 DATA = Path(__file__).parent / "data" / "harbor"
 _GATEWAY, _WHY_NOT = docker_engine()
@@ -279,6 +280,8 @@ def test_toy_tasks_exported_as_harbor_folders_grade_the_same(tmp_path, local_roo
     result = CliRunner().invoke(main, ["tasks", "export", "--format", "harbor", "--env", "Orchard/Toy-v0",
                                        "--env-kwargs", '{"num_tasks": 1}', "--out", str(out)])
     assert result.exit_code == 0 and "3 Harbor task folders" in result.output, result.output
+    status, said = harbor_check("tasks", out)  # Harbor 0.25.0's own TaskConfig, in its venv
+    assert status == 0 and said.count("valid   ") == 3, said
     env = make("local", local_root, out)
     toy = gym.make("Orchard/Toy-v0", num_tasks=1, backend=_config("local", local_root)).unwrapped
     try:

@@ -22,6 +22,7 @@ from orchard_gym.envs.swe.grading import grade as swe_grade
 from orchard_gym.envs.swe.tasks import load_tasks
 
 from conftest import docker_engine, needs, needs_bwrap
+from harbor_real import harbor_check
 
 _GATEWAY, _WHY_NOT = docker_engine()
 
@@ -72,6 +73,8 @@ def test_exported_swe_folders_pass_orchard_tasks_check(swe_export):
     assert result.exit_code == 0 and "10 Harbor task(s) can run; 0 skipped (error)" in result.output, result.output
     task = json.loads((swe_export / "parse-1.20.1" / "tests" / "swe_task.json").read_text())
     assert task["FAIL_TO_PASS"] == load_tasks()["parse-1.20.1"].FAIL_TO_PASS
+    status, said = harbor_check("tasks", swe_export)  # Harbor 0.25.0's own TaskConfig, in its venv
+    assert status == 0 and said.count("valid   ") == 10, said
 
 
 LOGS = [

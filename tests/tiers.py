@@ -55,6 +55,8 @@ SLOW = {
     "tests/test_security_local_robust.py": "hostile trees and limit hogs",
     "tests/test_harbor_corpus.py": "the Harbor corpus sweep",
     "tests/test_harbor_env.py": "Harbor episodes with set-ups",
+    "tests/test_harbor_runner.py": "Harbor's own runner over the corpus, on local and docker (minutes)",
+    "tests/test_atif_harbor.py": "SWE, Claw and harness runs validated by Harbor",
     "tests/test_claw_answers.py": "shotgun sweeps over the answer tasks",
     "tests/test_integrations_trl.py": "TRL GRPO steps",
     "tests/test_integrations_openenv.py": "OpenEnv servers and episodes",

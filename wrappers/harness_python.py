@@ -134,8 +134,6 @@ def ensure_portable_venv(requirements: list[str], python: str, root: Path | None
     from orchard_gym.cache import cache_root
 
     base = cache_root() / "harness"
-    root = root or base / "venvs"
-    key = hashlib.sha256("\n".join([f"debian-python{python}", *sorted(requirements)]).encode()).hexdigest()[:16]
 
     def build(venv: Path) -> None:
         venv.mkdir(parents=True)
@@ -153,4 +151,13 @@ def ensure_portable_venv(requirements: list[str], python: str, root: Path | None
                 raise HarnessInstallError(f"pip install {' '.join(requirements)} on python{python} failed: "
                                           f"{r.stderr[-2000:]}")
 
-    return _locked_build(root / key, build, "\n".join(requirements))
+    return _locked_build(venv_path(requirements, python, root), build, "\n".join(requirements))
+
+
+def venv_path(requirements: list[str], python: str, root: Path | None = None) -> Path:
+    """Where `ensure_portable_venv(requirements, python, root)` builds (or has built) its venv."""
+    from orchard_gym.cache import cache_root
+
+    root = root or cache_root() / "harness" / "venvs"
+    key = hashlib.sha256("\n".join([f"debian-python{python}", *sorted(requirements)]).encode()).hexdigest()[:16]
+    return root / key

@@ -235,6 +235,14 @@ class HarborEnv(SandboxEnv):
             self.trajectory.error_kind = report["error_kind"]
         return obs, reward, terminated, truncated, info
 
+    def context(self) -> ToolContext:
+        """The episode's sandbox, working directory and set-up environment (after reset): what a
+        runner other than this env's tools (Harbor's own, orchard_gym.integrations.harbor_environment)
+        runs commands with."""
+        if self._ctx is None:
+            raise gym.error.ResetNeeded("call reset() first")
+        return self._ctx
+
     # ------------------------------------------------------------------ paths
     def image_workdir(self, task: HarborTask) -> str:
         return task.plan.workdir if task.plan is not None else (task.settings.workdir or "/app")

@@ -174,7 +174,12 @@ READ_REWARD = 'for n in reward.txt reward.json; do [ -f "$1/$n" ] && { echo "$n"
 
 def scalar_reward(rewards: dict) -> float:
     """One number from Harbor's rewards dict: its "reward" key, else the mean of its keys (all kept
-    in the report); without "reward", a key that is not a number makes the file unreadable."""
+    in the report). As in Harbor 0.25's verifier, every key must be a finite number (JSON true/false
+    count as numbers there): a text value makes the file unreadable (Harbor: VerifierOutputParseError);
+    without "reward", a true/false key does too (no mean of those)."""
+    odd = sorted(k for k, v in rewards.items() if not isinstance(v, (int, float)) or not math.isfinite(v))
+    if odd:
+        raise ValueError(f"key(s) {', '.join(map(repr, odd))} not a finite number (Harbor needs every key to be one)")
     if "reward" in rewards:
         return float(rewards["reward"])
     if not rewards or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rewards.values()):
@@ -200,7 +205,7 @@ async def read_reward(sandbox: AsyncSandboxInstance, dirs: VerifierDirs, report:
         else:
             value = float(text)
     except (ValueError, TypeError, KeyError) as e:
-        raise GradingFailed(f"the reward file {name} is not a number: {text[:200]!r} ({type(e).__name__})") from None
+        raise GradingFailed(f"the reward file {name} is not a number: {text[:200]!r} ({type(e).__name__}: {e})") from None
     if not math.isfinite(value):
         raise GradingFailed(f"the reward file {name} is not a finite number: {text[:200]!r}")
     return value
