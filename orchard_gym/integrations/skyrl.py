@@ -21,26 +21,11 @@ generator can drop it; never read its 0.0 as a grade.
 
 from __future__ import annotations
 
-import json
-import threading
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from .core import EnvHub, EpisodeOver
-
-_HUBS: dict[str, EnvHub] = {}
-_LOCK = threading.Lock()
-
-
-def shared_hub(env_id: str, env_kwargs: dict) -> EnvHub:
-    """One hub (one sandbox client) per env id and configuration in this process."""
-    key = json.dumps([env_id, env_kwargs], sort_keys=True, default=str)
-    with _LOCK:
-        if key not in _HUBS or _HUBS[key].closed:
-            _HUBS[key] = EnvHub(env_id, **env_kwargs)
-        return _HUBS[key]
-
+from .core import EpisodeOver, shared_hub
 
 def _plain(config: Any) -> dict:
     if config is None:
