@@ -70,7 +70,13 @@ WHY_NOT = {  # component -> () -> why it is missing ("" when present)
     "swe-images": lambda: _docker() or ("" if _image("localhost/orchard/swe-semver") else
                                         "no SWE task images (scripts/build_swe_images.py)"),
     "claude-code": lambda: _module("fastapi", "bash scripts/install.sh server") or _claude_code(),
+    "verifiers": lambda: _verifiers_venv(),
 }
+
+
+def _verifiers_venv() -> str:
+    from orchard_gym.integrations.verifiers_run import venv_missing
+    return venv_missing() or ""
 
 
 def test_every_block_is_labelled_and_marked_well():

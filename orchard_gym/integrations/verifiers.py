@@ -15,7 +15,8 @@ block), the tool runs in the episode's Orchard sandbox as one `env.step`, and it
 observation is the next user turn, until the episode ends. The episode's graded reward is
 the trace's reward (`orchard_reward`, so verifiers' `reward` is `gym.make`'s); an episode
 the model left open when verifiers' turn budget ran out is submitted, as the env's own
-budget would. An errored episode (dead sandbox, ungradable task) records an `EnvError` on
+budget would. The metric `orchard_step_ms` is the median time of one env step as run here.
+An errored episode (dead sandbox, ungradable task) records an `EnvError` on
 the trace and no reward: never a 0.0 that reads as a grade.
 
 verifiers 0.4 pins `mcp==2.0.0`, which OpenEnv 0.10 cannot share: install this extra in a
@@ -25,6 +26,8 @@ venv of its own (`scripts/install_verifiers.sh` builds `.venv-verifiers`).
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +39,7 @@ from .core import EpisodeOver, shared_hub
 
 TASKSET_ID = "orchard-verifiers"  # verifiers imports it as the top-level module `orchard_verifiers`
 REWARD = "orchard_reward"
+STEP_MS = "orchard_step_ms"  # metric: median ms of one env step as this adapter runs it
 
 
 def tools_prompt(tool_schemas: list[dict]) -> str:
@@ -104,15 +108,20 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):
             observation = await hub.arun(episode.start(data.task_id))
             async with agents.agent.interaction(task) as interaction:
                 segment = await interaction.turn(observation)
+                step_seconds = []
                 while not segment.terminated:
+                    started = time.perf_counter()
                     try:
                         observation, *_ = await hub.arun(episode.step(segment.last_reply))
                     except EpisodeOver:
                         break
+                    step_seconds.append(time.perf_counter() - started)
                     if episode.done:
                         break
                     segment = await interaction.turn(observation)
                 outcome = await hub.arun(episode.finish())  # submits an episode the model left open
+            if step_seconds:  # the env's share of each turn (scripts/bench_integrations.py)
+                interaction.trace.record_metric(STEP_MS, statistics.median(step_seconds) * 1000)
             if outcome.error is not None:
                 interaction.trace.record_error(vf.EnvError(f"{outcome.error_kind}: {outcome.error}"))
             else:

@@ -32,6 +32,7 @@ class VfEpisode:
     error: str | None
     agent_seconds: float  # verifiers' `agent` phase: the whole exchange (model, harness, env steps)
     turns: int
+    metrics: dict  # the trace's metrics: orchard_step_ms, the median env step inside verifiers' loop
 
 
 def venv_missing(venv: Path = VENV) -> str | None:
@@ -93,7 +94,8 @@ def episode_of(record: dict) -> VfEpisode:
                      reward=None if reward is None or reward.get("score") is None else float(reward["score"]),
                      error="; ".join(f"{e.get('type')}: {e.get('message')}" for e in errors) or None,
                      agent_seconds=float(agent.get("end", 0) - agent.get("start", 0)),
-                     turns=sum(1 for n in trace.get("nodes", []) if n.get("sampled")))
+                     turns=sum(1 for n in trace.get("nodes", []) if n.get("sampled")),
+                     metrics=dict(trace.get("metrics") or {}))
 
 
 __all__ = ["VENV", "VfEpisode", "venv_missing", "vf_eval"]
