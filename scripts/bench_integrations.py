@@ -9,7 +9,15 @@ number of times on one episode, after one warm-up step:
 - `trl`              the TRL environment's tool method, awaited on another event loop, as
                      TRL's tool loop does;
 - `openenv`          OpenEnv's own sync client over WebSocket to `create_app` on this machine;
-- `skyrl`            SkyRL-Gym's `env.step` with the model's text (parsed by Orchard).
+- `skyrl`            SkyRL-Gym's `env.step` with the model's text (parsed by Orchard);
+- `verifiers step`   inside verifiers' own eval loop (below): one env step as the adapter runs
+                     it (`hub.arun(episode.step(text))`, the trace's `orchard_step_ms`, median);
+- `verifiers turn`   verifiers' own eval loop (`vf-eval` in .venv-verifiers, a process of its
+                     own: verifiers 0.4 cannot share this venv) against the stub model scripted
+                     to make the calls: one step is a whole verifiers turn (its chat-program
+                     harness, its interception server, a stub model call, the env step), timed
+                     as the difference in verifiers' `agent` phase between an episode of N calls
+                     and one of none, over N (fixed costs cancel).
 Prints ms/step and the ratio to `env.step`.
 """
 
@@ -18,8 +26,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -117,6 +127,27 @@ def bench_skyrl(backend, n):
         env.close()
 
 
+def bench_verifiers(backend, n):
+    from orchard_gym.integrations.verifiers_run import venv_missing, vf_eval
+    from orchard_gym.wrappers.stub import StubUpstream
+
+    if (why := venv_missing()) is not None:
+        raise ImportError(why)
+    text = f"<tool_call>{json.dumps(ACTION)}</tool_call>"
+    submit = '<tool_call>{"name": "submit", "arguments": {}}</tool_call>'
+    with StubUpstream(scripts={"steps": [text] * n + [submit], "none": [submit]}) as stub, \
+            tempfile.TemporaryDirectory() as out:
+        episodes = {}
+        for model in ("none", "steps"):
+            [episode] = vf_eval("Orchard/Toy-v0", model=model, base_url=stub.url, tasks=[TASK], out_dir=out,
+                                env_kwargs={"backend": backend, "max_steps": n + 5})
+            assert episode.error is None and episode.turns == (n + 1 if model == "steps" else 1), episode
+            episodes[model] = episode
+    step = episodes["steps"].metrics["orchard_step_ms"]
+    turn = (episodes["steps"].agent_seconds - episodes["none"].agent_seconds) / n * 1000
+    return step, turn
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=40)
@@ -125,15 +156,20 @@ def main() -> None:
     Path(args.root).mkdir(parents=True, exist_ok=True)
     backend = {"type": "local", "root": args.root}
     base = bench_gym(backend, args.steps)
-    print(f"{'path':<10} {'ms/step':>8} {'x env.step':>11}")
-    print(f"{'env.step':<10} {base:8.2f} {1.0:11.2f}")
-    for name, bench in (("core", bench_core), ("trl", bench_trl), ("openenv", bench_openenv), ("skyrl", bench_skyrl)):
+    print(f"{'path':<15} {'ms/step':>9} {'x env.step':>11}")
+    print(f"{'env.step':<15} {base:9.2f} {1.0:11.2f}")
+    print(f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    for name, bench in (("core", bench_core), ("trl", bench_trl), ("openenv", bench_openenv), ("skyrl", bench_skyrl),
+                        ("verifiers", bench_verifiers)):
         try:
-            ms = bench(backend, args.steps)
+            result = bench(backend, args.steps)
         except ImportError as e:
             print(f"{name:<10} skipped: {e}")
             continue
-        print(f"{name:<10} {ms:8.2f} {ms / base:11.2f}")
+        rows = zip((" step", " turn"), result) if isinstance(result, tuple) else [("", result)]
+        for suffix, ms in rows:
+            print(f"{name + suffix:<15} {ms:9.2f} {ms / base:11.2f}", flush=True)
+    print(f"load average {os.getloadavg()[0]:.1f}")
 
 
 if __name__ == "__main__":

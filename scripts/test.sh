@@ -16,6 +16,7 @@ bash scripts/build_gui_image.sh       # localhost/orchard/gui (Xvfb, Chromium, .
 bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed
 .venv/bin/python scripts/build_swe_images.py   # one image per SWE task, only if its inputs changed
 .venv/bin/python scripts/build_swebench_layout_images.py   # a built-in task in SWE-bench's image layout, only if changed
+bash scripts/install_verifiers.sh     # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2), ~1 min and ~600 MB once, then a second
 bash scripts/install_harnesses.sh     # mini-swe-agent, OpenHands (PyPI), Codex CLI (npm), pinned, only if missing
 bash scripts/install_harbor.sh >/dev/null   # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
 

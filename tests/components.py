@@ -46,8 +46,10 @@ COMPONENTS = {
     "swe-images": "one image per built-in SWE task (scripts/build_swe_images.py)",
     "swe-datasets": "datasets and pyarrow (extra [swe], also in [train]): dataset folders, Parquet, swebench's eval scripts",
     "train": "torch, transformers and TRL (extra [train])",
-    "integrations": "OpenEnv, verifiers and SkyRL-Gym (extra [integrations]): the trainer adapters",
+    "integrations": "OpenEnv and SkyRL-Gym (extra [integrations]): the trainer adapters",
     "harbor": "harbor==0.25.0 in a Python 3.13 venv (scripts/install_harbor.sh): Harbor's own runner and models",
+    "verifiers": "verifiers 0.4 in .venv-verifiers (extra [verifiers], scripts/install_verifiers.sh; it pins "
+                 "mcp==2.0.0, which OpenEnv cannot share)",
 }
 
 

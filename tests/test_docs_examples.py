@@ -82,7 +82,13 @@ WHY_NOT = {  # component -> () -> why it is missing ("" when present)
                                         "no SWE task images (scripts/build_swe_images.py)"),
     "claude-code": lambda: _module("fastapi", "bash scripts/install.sh server") or _claude_code(),
     "harbor": lambda: _harbor(),
+    "verifiers": lambda: _verifiers_venv(),
 }
+
+
+def _verifiers_venv() -> str:
+    from orchard_gym.integrations.verifiers_run import venv_missing
+    return venv_missing() or ""
 
 
 def test_every_block_is_labelled_and_marked_well():

@@ -19,6 +19,11 @@ picks the behaviour:
 | `stub-broken-stream` | (stream) two chunks, then a line that is no JSON |
 | `stub-cut-stream` | (stream) two chunks, then the connection closes |
 | `stub-error-stream` | (stream) two chunks, then an OpenAI-shaped error event |
+| a name in `scripts` | reply N of that script, N = the assistant messages already in the request |
+
+`StubUpstream(scripts={"oracle": ["first reply", "second reply"]})` makes a scripted policy:
+stateless (the conversation says which turn it is), so any client that resends the
+conversation replays the script; past its end it answers `script over`.
 
 `"logprobs": true` adds logprobs; `"return_token_ids": true` (vLLM's flag) adds
 `prompt_token_ids` and `choices[0].token_ids`. `/v1/responses` echoes too.
@@ -75,8 +80,11 @@ def _images_seen(messages: list[dict]) -> str:
     return f"images: {len(seen)}" + "".join(f"; {s}" for s in seen)
 
 
-def _answer(body: dict, messages: list[dict], tools: list[dict]) -> dict:
+def _answer(body: dict, messages: list[dict], tools: list[dict], scripts: dict[str, list[str]]) -> dict:
     text = _last_user_text(messages)
+    if (script := scripts.get(str(body.get("model")))) is not None:
+        turn = sum(m.get("role") == "assistant" for m in messages)
+        return {"role": "assistant", "content": script[turn] if turn < len(script) else "script over"}
     if body.get("model") == "stub-image":
         return {"role": "assistant", "content": _images_seen(messages)}
     if body.get("model") == "stub-tool" and tools:
@@ -101,14 +109,14 @@ def _failure(model: str) -> Response | None:
 
 
 async def chat(request: Request) -> Response:
-    body = await request.json()
+    body, scripts = await request.json(), request.app.state.scripts
     model = str(body.get("model", "stub"))
     if (failed := _failure(model)) is not None:
         return failed
     if model.startswith("stub-slow-"):
         await asyncio.sleep(float(model.rsplit("-", 1)[1]))
     messages, tools = prompt_of("chat.completions", body)
-    message = _answer(body, messages, tools)
+    message = _answer(body, messages, tools, scripts)
     prompt_text = " ".join(str(m.get("content") or "") for m in messages)
     out_text = message.get("content") or json.dumps(message.get("tool_calls"))
     usage = {"prompt_tokens": len(prompt_text.split()), "completion_tokens": len(out_text.split()),
@@ -150,12 +158,12 @@ async def chat(request: Request) -> Response:
 
 
 async def responses(request: Request) -> Response:
-    body = await request.json()
+    body, scripts = await request.json(), request.app.state.scripts
     model = str(body.get("model", "stub"))
     if (failed := _failure(model)) is not None:
         return failed
     messages, tools = prompt_of("responses", body)
-    message = _answer(body, messages, tools)
+    message = _answer(body, messages, tools, scripts)
     words = len(" ".join(str(m.get("content") or "") for m in messages).split())
     usage = {"prompt_tokens": words, "completion_tokens": 3, "total_tokens": words + 3}
     response = responses_object(message, model, usage, body)
@@ -173,21 +181,27 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [{"id": "stub", "object": "model", "owned_by": "stub"}]})
 
 
-def create_stub_app() -> Starlette:
-    return Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                             Route("/v1/responses", responses, methods=["POST"]),
-                             Route("/v1/models", models, methods=["GET"])])
+def create_stub_app(scripts: dict[str, list[str]] | None = None) -> Starlette:
+    """The stub's app; `scripts` maps model names to scripted replies (module doc)."""
+    if not isinstance(scripts or {}, dict) or not all(
+            isinstance(r, list) and all(isinstance(x, str) for x in r) for r in (scripts or {}).values()):
+        raise TypeError("scripts must map model names to lists of reply strings")
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
+                            Route("/v1/responses", responses, methods=["POST"]),
+                            Route("/v1/models", models, methods=["GET"])])
+    app.state.scripts = dict(scripts or {})
+    return app
 
 
 class StubUpstream:
     """The stub on 127.0.0.1 (any free port), served by uvicorn on a thread of its own."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, scripts: dict[str, list[str]] | None = None):
         from .proxy import ProxyConfig, RecordingProxy
 
         # reuse the proxy's server plumbing: same uvicorn, same socket handling
         self._runner = RecordingProxy(ProxyConfig(host=host, port=port))
-        self._runner.app = create_stub_app()
+        self._runner.app = create_stub_app(scripts)
 
     @property
     def url(self) -> str:

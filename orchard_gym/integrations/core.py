@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
@@ -154,6 +155,10 @@ class EnvHub:
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         return LoopThread.shared().run(coro, timeout)
 
+    async def arun(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` from another event loop (a trainer's own): it runs on the shared loop."""
+        return await asyncio.wrap_future(self.submit(coro))
+
     async def aclose(self) -> None:
         with self._lock:
             episodes, self.closed = list(self.episodes), True
@@ -169,6 +174,19 @@ class EnvHub:
 
     def live_sandboxes(self) -> int:
         return sum(e.env is not None and e.env.sandbox is not None for e in self.episodes)
+
+
+_HUBS: dict[str, EnvHub] = {}
+_HUBS_LOCK = threading.Lock()
+
+
+def shared_hub(env_id: str, env_kwargs: dict) -> EnvHub:
+    """One hub (one sandbox client) per env id and configuration in this process."""
+    key = json.dumps([env_id, env_kwargs], sort_keys=True, default=str)
+    with _HUBS_LOCK:
+        if key not in _HUBS or _HUBS[key].closed:
+            _HUBS[key] = EnvHub(env_id, **env_kwargs)
+        return _HUBS[key]
 
 
 class Episode:

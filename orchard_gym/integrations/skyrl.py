@@ -25,28 +25,15 @@ with the chat template into text tokens; there is no place for a screenshot.
 
 from __future__ import annotations
 
-import json
-import threading
 from typing import Any
 
 from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 
-from .core import EnvHub, EpisodeOver, carries_images, make_env, refuse_images
+from .core import EpisodeOver, carries_images, make_env, refuse_images, shared_hub
 
-_HUBS: dict[str, EnvHub] = {}
 SLOT = "SkyRL-Gym 0.4's BaseTextEnv"
 WHY = ("its observations are chat messages with string content, which SkyRL's generator renders into text "
        "tokens (BaseTextEnvStepOutput: observations=[{'role': 'user', 'content': str}])")
-_LOCK = threading.Lock()
-
-
-def shared_hub(env_id: str, env_kwargs: dict) -> EnvHub:
-    """One hub (one sandbox client) per env id and configuration in this process."""
-    key = json.dumps([env_id, env_kwargs], sort_keys=True, default=str)
-    with _LOCK:
-        if key not in _HUBS or _HUBS[key].closed:
-            _HUBS[key] = EnvHub(env_id, **env_kwargs)
-        return _HUBS[key]
 
 
 def _plain(config: Any) -> dict:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# .venv-verifiers: orchard-gym (editable, this checkout) with the extra [verifiers] in a venv of
+# its own. verifiers 0.4 pins mcp==2.0.0 (imported by `verifiers.v1`), OpenEnv 0.10 needs mcp<2,
+# so they cannot share .venv (docs/integrations.md). Idempotent: a venv installed from this very
+# pyproject.toml and script is kept (a second run takes a second). The first run takes ~1 min
+# and ~600 MB; it also warms uv's cache with verifiers' chat program's packages (its null
+# harness runs that program through `uv`), so episodes start without a download.
+#   bash scripts/install_verifiers.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=.venv-verifiers
+stamp_file=$venv/.orchard-install-stamp
+stamp=$(cat pyproject.toml "$0" | sha256sum | cut -d' ' -f1)-$PWD
+if [[ -x $venv/bin/vf-eval && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]] &&
+   [[ $($venv/bin/python -c 'import orchard_gym, os; print(os.path.dirname(os.path.dirname(orchard_gym.__file__)))') == "$PWD" ]]; then
+  echo "[verifiers] $venv is current: nothing to install"
+  exit 0
+fi
+echo "[verifiers] pip install -e '.[verifiers]' into $venv (about a minute the first time)"
+python=${PYTHON:-python3}
+[[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
+rm -f "$stamp_file"
+$venv/bin/python -m pip install -q --upgrade pip
+$venv/bin/python -m pip install -q -e '.[verifiers]'
+# SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there)
+$venv/bin/python -m pip install -q --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
+script=$(mktemp -d)/chat.py
+$venv/bin/python -c "from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE as s; print(s, end='')" >"$script"
+PATH="$PWD/$venv/bin:$PATH" uv sync --script "$script" -q --no-config
+rm -rf "$(dirname "$script")"
+echo "$stamp" >"$stamp_file"
+echo "[verifiers] done: $venv/bin/vf-eval orchard-verifiers --env.taskset.env Orchard/Claw-v0 ... (docs/integrations.md)"
