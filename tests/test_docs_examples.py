@@ -40,7 +40,7 @@ def _docker() -> str:
 
 
 def _claude_code() -> str:
-    from orchard_gym.wrappers.harnesses.claude_code import HARNESS
+    from orchard_gym.wrappers.harness.plugins.claude_code import HARNESS
     try:
         prefix = HARNESS.install_npm()
     except Exception as e:  # any failure: the reason is the skip/fail message

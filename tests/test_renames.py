@@ -27,8 +27,8 @@ def test_a_moved_module_warns_and_is_the_new_one(old, new):
     ("orchard_gym.envs.gui.oracles", "orchard_gym.envs.gui.oracle_page", "ORACLES"),
     ("orchard_gym.backends.docker", "orchard_gym.backends.owners", "owner_identity"),
     ("orchard_gym.algos.agent_rollout", "orchard_gym.algos.chat_render", "ChatRenderer"),
-    ("orchard_gym.wrappers.openai_format", "orchard_gym.chat", "assistant_message"),
-    ("orchard_gym.wrappers.openai_format", "orchard_gym.chat", "FormatError"),
+    ("orchard_gym.wrappers.proxy.openai_format", "orchard_gym.chat", "assistant_message"),
+    ("orchard_gym.wrappers.proxy.openai_format", "orchard_gym.chat", "FormatError"),
 ])
 def test_a_moved_name_is_still_in_its_old_home(old, new, name):
     with warnings.catch_warnings():
@@ -38,7 +38,7 @@ def test_a_moved_name_is_still_in_its_old_home(old, new, name):
 
 def test_the_built_in_harnesses_are_found_from_either_module():
     from orchard_gym.wrappers.harness import MINI_SWE_AGENT, all_harnesses, get_harness
-    from orchard_gym.wrappers.harnesses import builtin_harnesses
+    from orchard_gym.wrappers.harness.plugins import builtin_harnesses
 
     assert {"mini-swe-agent", "codex", "claude-code"} <= set(all_harnesses())
     assert set(builtin_harnesses()) == set(all_harnesses())

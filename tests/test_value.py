@@ -334,7 +334,7 @@ def _entry(resolved: bool, commands: list[str]) -> P.PoolEntry:
 def test_sft_masks_token_by_token_in_every_mode(tiny):
     from transformers import AutoTokenizer
 
-    from orchard_gym.wrappers.records import CallRecord, RolloutRecord
+    from orchard_gym.wrappers.proxy.records import CallRecord, RolloutRecord
 
     tok = AutoTokenizer.from_pretrained(str(tiny))
     tk = EntryTokenizer(tok)
@@ -475,7 +475,7 @@ def _trajectory(task_id, actions, errors, reward=0.0, error=None):
 def test_pool_filters_caps_balance_and_proxy_calls(tiny, tmp_path):
     from transformers import AutoTokenizer
 
-    from orchard_gym.wrappers.records import CallRecord, RolloutRecord
+    from orchard_gym.wrappers.proxy.records import CallRecord, RolloutRecord
 
     info = P.TaskInfo("Orchard/Toy-v0", ENV_KW)
     bash = {"name": "bash", "arguments": {"command": "ls"}}

@@ -17,13 +17,13 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "RecordingProxy": "proxy", "ProxyConfig": "proxy", "create_app": "proxy",
-    "StubUpstream": "stub",
-    "HarnessEnv": "harness_env", "HarnessError": "harness_env",
-    "Harness": "harness", "MINI_SWE_AGENT": "harness", "get_harness": "harness",
-    "RolloutStore": "records", "RolloutRecord": "records", "CallRecord": "records",
-    "reconstruct": "reconstruct", "Sample": "reconstruct", "to_trajectory": "reconstruct",
-    "drop_errors": "reconstruct", "discounted": "reconstruct",
+    "RecordingProxy": "proxy.server", "ProxyConfig": "proxy.server", "create_app": "proxy.server",
+    "StubUpstream": "proxy.stub",
+    "HarnessEnv": "harness.env", "HarnessError": "harness.env",
+    "Harness": "harness.spec", "MINI_SWE_AGENT": "harness.spec", "get_harness": "harness.spec",
+    "RolloutStore": "proxy.records", "RolloutRecord": "proxy.records", "CallRecord": "proxy.records",
+    "reconstruct": "proxy.reconstruct", "Sample": "proxy.reconstruct", "to_trajectory": "proxy.reconstruct",
+    "drop_errors": "proxy.reconstruct", "discounted": "proxy.reconstruct",
     "AsyncWrapper": "base", "EchoEnv": "echo",
     "WallClockTimeout": "timeout",
     "DiscountedTerminalReward": "reward", "ShapeReward": "reward",
