@@ -23,7 +23,7 @@ from conftest import needs_bwrap, require_module
 torch = require_module("train", "torch")
 require_module("train", "trl")
 
-from orchard_gym.algos import credit, pool as P, rerank, sft, value  # noqa: E402
+from orchard_gym.algos import credit, trajectory_pool as P, rerank, sft, value  # noqa: E402
 from orchard_gym.algos.pool_tokens import EntryTokenizer, _plain_args  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.cli import main  # noqa: E402

@@ -9,6 +9,13 @@ no other module imports it). `main` is the click group the `orchard` console scr
 
 from __future__ import annotations
 
+from typing import Any
+
+from ..moved import old_name
 from .commands import main
 
 __all__ = ["main"]
+
+
+def __getattr__(name: str) -> Any:  # the old orchard_gym/cli.py's other names: deprecated, from commands.py
+    return old_name(__name__, name)
