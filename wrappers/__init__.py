@@ -1,10 +1,11 @@
 """Harness recording and Gymnasium wrappers.
 
-- the recording proxy (`RecordingProxy`, `ProxyConfig`, `create_app`): OpenAI-compatible
-  endpoints per rollout that record every model call (needs the `server` extra);
-- `HarnessEnv`: any harness (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
-- trajectory reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
-- wrappers, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
+- `proxy/`, the recording proxy (`RecordingProxy`, `ProxyConfig`, `create_app`): OpenAI-compatible
+  endpoints per rollout that record every model call (needs the `server` extra), and trajectory
+  reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
+- `harness/`: harnesses as data, one plugin module each, and `HarnessEnv`: any harness
+  (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
+- the Gym wrappers here, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
   `ErrorFilter` (and `EchoEnv`, the tiny env their examples use; `ToyEnv` is its old name).
 
 See docs/recording.md. Importing this package does not import FastAPI.
