@@ -10,7 +10,7 @@ being trained answers them. Every answered call is one training sample:
   trainer uses the recorded ids, never a re-tokenisation of text;
 - completion = the tokens the model generated for it (`completion_token_ids`, with their
   sampling log-probs), parsed into the assistant message the harness receives;
-- reward r_t = γ^(T−t)·r_T (`wrappers/reconstruct.py`; γ = `gamma`, 1.0 by default);
+- reward r_t = γ^(T−t)·r_T (`wrappers/proxy/reconstruct.py`; γ = `gamma`, 1.0 by default);
 - a rollout that ended in an error (harness crash, timeout, proxy failure, context
   exhausted) gives no samples;
 - advantages are group-relative over the runs of one prompt: with μ, σ the mean and std of
@@ -49,7 +49,7 @@ from pathlib import Path
 from orchard_gym._loop import LoopThread
 from orchard_gym.chat import tool_call
 from orchard_gym.envs.actions import tagged_tool_calls
-from orchard_gym.wrappers.openai_format import text_messages
+from orchard_gym.wrappers.proxy.openai_format import text_messages
 
 from .agent_rollout import BatchedGenerator
 from .chat_render import ChatRenderer

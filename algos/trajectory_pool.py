@@ -228,7 +228,7 @@ def from_file(path: str | Path, *, policy_id: str, info: TaskInfo | None = None)
     """Entries from an `orchard eval` trajectories file or a proxy export (detected per line).
     Returns (entries, skipped): trajectories that ended in an infrastructure error or
     rollouts that failed are skipped (they have no trustworthy reward)."""
-    from orchard_gym.wrappers.records import RolloutRecord
+    from orchard_gym.wrappers.proxy.records import RolloutRecord
 
     entries, skipped = [], 0
     try:

@@ -9,6 +9,10 @@ from .import_interrupt import arm as _arm_import_interrupt
 
 _arm_import_interrupt()  # the `orchard` command: Ctrl-C during these imports is one line, not a traceback
 
+from .moved import install as _install_moved  # noqa: E402
+
+_install_moved()  # old import paths of moved modules: deprecated aliases of the new ones
+
 from .client import AsyncSandboxClient, AsyncSandboxInstance, SandboxClient, SandboxInstance  # noqa: E402
 from .errors import (  # noqa: E402
     AgentUnavailable,

@@ -1,6 +1,6 @@
 """An agent's action as an OpenAI chat message: text, a tool call, a list of them, or a whole
 assistant message. One definition for the env's episode runner (envs/episode.py), the recording
-proxy (wrappers/openai_format.py) and the trainers (algos/)."""
+proxy (wrappers/proxy/openai_format.py) and the trainers (algos/)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 traceback of whatever module was loading. The package's `__init__` arms this first thing
 (only when this process IS the `orchard` command: a library user's Ctrl-C stays a
 KeyboardInterrupt); the CLI disarms it once a command runs, whose own clean-up then
-answers Ctrl-C (cli.py's `_Group`)."""
+answers Ctrl-C (cli/commands.py's `_Group`)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class EnvCreator:
         return getattr(load_env_creator(self.entry_point), "metadata", {})
 
     def __call__(self, harness=None, **kwargs) -> gym.Env:
-        from orchard_gym.wrappers.harness_env import make_harness_env
+        from orchard_gym.wrappers.harness.env import make_harness_env
 
         return make_harness_env(self.entry_point, harness, **kwargs)
 

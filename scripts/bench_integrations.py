@@ -129,7 +129,7 @@ def bench_skyrl(backend, n):
 
 def bench_verifiers(backend, n):
     from orchard_gym.integrations.verifiers_run import venv_missing, vf_eval
-    from orchard_gym.wrappers.stub import StubUpstream
+    from orchard_gym.wrappers.proxy.stub import StubUpstream
 
     if (why := venv_missing()) is not None:
         raise ImportError(why)

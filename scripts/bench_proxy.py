@@ -2,7 +2,7 @@
 
     python scripts/bench_proxy.py [-n 400] [--concurrency 16]
 
-Starts the stub upstream (`orchard_gym.wrappers.stub`) and the proxy (`orchard proxy
+Starts the stub upstream (`orchard_gym.wrappers.proxy.stub`) and the proxy (`orchard proxy
 --upstream ...`) as processes of their own on loopback, opens one rollout, then, per
 door (chat completions, Responses, Anthropic Messages), alternates calls to the stub
 directly and through the proxy (same client, keep-alive, same prompt), non-streaming and
@@ -70,7 +70,7 @@ def main() -> None:
 
     stub_port, proxy_port = free_port(), free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    procs = [subprocess.Popen([sys.executable, "-m", "orchard_gym.wrappers.stub", "--port", str(stub_port)], env=env),
+    procs = [subprocess.Popen([sys.executable, "-m", "orchard_gym.wrappers.proxy.stub", "--port", str(stub_port)], env=env),
              subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "proxy", "--port", str(proxy_port),
                                "--upstream", f"http://127.0.0.1:{stub_port}/v1", "--admin-key", "bench"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]

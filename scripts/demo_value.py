@@ -39,7 +39,7 @@ import torch
 
 torch.set_num_threads(int(os.environ.get("ORCHARD_THREADS", "1")))
 
-from orchard_gym.algos import credit, pool as P, rerank, sft  # noqa: E402
+from orchard_gym.algos import credit, trajectory_pool as P, rerank, sft  # noqa: E402
 from orchard_gym.algos.pool_tokens import EntryTokenizer  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.algos.value import ValueModel, ValueTrainArgs, train_value  # noqa: E402

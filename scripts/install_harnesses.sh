@@ -6,7 +6,7 @@
 # there is kept (each is keyed by what it holds). One line per harness, said before the
 # (possibly minutes-long) work starts; --paths also prints where each part lies.
 # A harness with `python="X.Y"` (OpenHands: 3.13) gets its venv built on Debian's own pythonX.Y,
-# bundled in the venv, from a cached `debootstrap --variant=minbase` (root; wrappers/harness_python.py).
+# bundled in the venv, from a cached `debootstrap --variant=minbase` (root; wrappers/harness/python.py).
 #   bash scripts/install_harnesses.sh [--paths] [NAME ...]     # default: every built-in harness
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +16,7 @@ import time
 
 from orchard_gym.envs.swe.venvs import cache_root
 from orchard_gym.wrappers.harness import all_harnesses
-from orchard_gym.wrappers.harness_install import ensure_payload, ensure_venv_payload
+from orchard_gym.wrappers.harness.install import ensure_payload, ensure_venv_payload
 
 args = sys.argv[1:]
 paths = "--paths" in args

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def harbor_python() -> Path:
     from orchard_gym.integrations.harbor_venv import harbor_python as find
-    from orchard_gym.wrappers.harness_install import HarnessInstallError
+    from orchard_gym.wrappers.harness.install import HarnessInstallError
 
     try:
         return find(build=False)

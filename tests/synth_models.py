@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from orchard_gym.wrappers.openai_format import chat_completion
+from orchard_gym.wrappers.proxy.openai_format import chat_completion
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy
 
 BASE = "localhost/orchard/bookworm:latest"

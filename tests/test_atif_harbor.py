@@ -19,7 +19,7 @@ from harness_scripts import react  # noqa: E402
 from orchard_gym.atif import from_atif  # noqa: E402
 from orchard_gym.cli import main  # noqa: E402
 from orchard_gym.trajectory import Trajectory  # noqa: E402
-from orchard_gym.wrappers.harness_eval import evaluate_harnesses, policy_from_spec  # noqa: E402
+from orchard_gym.wrappers.harness.eval import evaluate_harnesses, policy_from_spec  # noqa: E402
 
 SWE_TASK = "semver-3.0.2"
 

@@ -17,8 +17,8 @@ require_module("server", "fastapi")
 
 import orchard_gym  # noqa: E402,F401 - registers the env ids
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
-from orchard_gym.wrappers.harnesses.claude_code import HARNESS as CLAUDE_CODE, VERSION  # noqa: E402
-from orchard_gym.wrappers.reconstruct import reconstruct  # noqa: E402
+from orchard_gym.wrappers.harness.plugins.claude_code import HARNESS as CLAUDE_CODE, VERSION  # noqa: E402
+from orchard_gym.wrappers.proxy.reconstruct import reconstruct  # noqa: E402
 
 TASK = "semver-3.0.2"
 GOLD = load_tasks("builtin")[TASK].patch
@@ -113,7 +113,7 @@ def test_claude_code_against_an_openai_compatible_upstream(tmp_path):
     import subprocess
 
     from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy
-    from orchard_gym.wrappers.stub import StubUpstream
+    from orchard_gym.wrappers.proxy.stub import StubUpstream
 
     with StubUpstream() as stub:
         proxy = RecordingProxy(ProxyConfig(upstream=stub.url)).start_in_thread()

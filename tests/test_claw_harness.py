@@ -9,7 +9,7 @@ import gymnasium as gym
 import pytest
 
 import orchard_gym  # noqa: F401
-from orchard_gym.wrappers.harness_env import HarnessEnv
+from orchard_gym.wrappers.harness.env import HarnessEnv
 
 
 def _claw(tool: str, **args) -> dict:

@@ -15,7 +15,7 @@ from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.claw.env import ClawEnv, ClawOraclePolicy
 from orchard_gym.envs.claw.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episodes
-from orchard_gym.wrappers.stub import StubUpstream
+from orchard_gym.wrappers.proxy.stub import StubUpstream
 
 BASE = load_tasks("builtin")["calendar-answer-001"]
 TASK = BASE.model_copy(update={"task_id": "judged", "checks": [

@@ -36,7 +36,7 @@ def _module(name: str, hint: str) -> str:
 
 def _harbor() -> str:
     from orchard_gym.integrations.harbor_venv import harbor_python
-    from orchard_gym.wrappers.harness_install import HarnessInstallError
+    from orchard_gym.wrappers.harness.install import HarnessInstallError
 
     try:
         harbor_python(build=False)
@@ -51,7 +51,7 @@ def _docker() -> str:
 
 
 def _claude_code() -> str:
-    from orchard_gym.wrappers.harnesses.claude_code import HARNESS
+    from orchard_gym.wrappers.harness.plugins.claude_code import HARNESS
     try:
         prefix = HARNESS.install_npm()
     except Exception as e:  # any failure: the reason is the skip/fail message

@@ -279,7 +279,7 @@ def tool_call(name: str, arguments: str) -> str:
 
 def test_the_policies_call_through_the_client(server):
     from orchard_gym.policies import OpenAIPolicy
-    from orchard_gym.wrappers.harness_eval import ChatPolicy, policy_from_spec
+    from orchard_gym.wrappers.harness.eval import ChatPolicy, policy_from_spec
 
     server.scripts["m"] = [(429, {"Retry-After": "0"}, "{}"), (200, {}, tool_call("bash", '{"command": "ls"}'))]
     policy = OpenAIPolicy(f"openai:{server.url}#m", api_key="k")

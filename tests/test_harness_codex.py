@@ -103,7 +103,7 @@ def test_codex_harness_is_pinned_data():
 
 def test_harness_data_is_validated_and_found_by_name():
     from orchard_gym.wrappers.harness import Harness, all_harnesses
-    from orchard_gym.wrappers.harness_env import HarnessEnv
+    from orchard_gym.wrappers.harness.env import HarnessEnv
 
     assert {"codex", "mini-swe-agent"} <= set(all_harnesses())
     for bad, match in [({"npm": ["@openai/codex"]}, "not pinned"), ({"npm": ["@openai/codex@^0.171.0"]}, "not pinned"),

@@ -18,7 +18,7 @@ from harness_scripts import react  # noqa: E402
 from orchard_gym.envs.swe.env import SWEEnv  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
 from orchard_gym.wrappers import ErrorFilter, WallClockTimeout  # noqa: E402
-from orchard_gym.wrappers.harness_env import HarnessEnv, HarnessError  # noqa: E402
+from orchard_gym.wrappers.harness.env import HarnessEnv, HarnessError  # noqa: E402
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy, default_socket_dir  # noqa: E402
 
 import orchard_gym  # noqa: E402,F401 - registers the env ids

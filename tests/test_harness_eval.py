@@ -15,7 +15,7 @@ require_module("server", "fastapi")
 
 from harness_scripts import react  # noqa: E402
 from orchard_gym.cli import main  # noqa: E402
-from orchard_gym.wrappers.harness_eval import (evaluate_harnesses, evaluate_matrix, format_matrix, format_table,  # noqa: E402
+from orchard_gym.wrappers.harness.eval import (evaluate_harnesses, evaluate_matrix, format_matrix, format_table,  # noqa: E402
                                                policy_from_spec, summary_table)
 
 TASK = "semver-3.0.2"

@@ -33,7 +33,7 @@ from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
 from toy_grading import AlternatingToy  # noqa: E402
 from orchard_gym.errors import SandboxFailed  # noqa: E402
-from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
+from orchard_gym.wrappers.harness.env import HarnessEnv  # noqa: E402
 
 torch.set_num_threads(1)
 TASKS = make_tasks(["write"], num_tasks=1)

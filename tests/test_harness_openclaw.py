@@ -21,8 +21,8 @@ require_module("server", "fastapi")
 
 import orchard_gym  # noqa: E402,F401 - registers the env ids
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
-from orchard_gym.wrappers.harness_env import HarnessError  # noqa: E402
-from orchard_gym.wrappers.harnesses.openclaw import HARNESS as OPENCLAW  # noqa: E402
+from orchard_gym.wrappers.harness.env import HarnessError  # noqa: E402
+from orchard_gym.wrappers.harness.plugins.openclaw import HARNESS as OPENCLAW  # noqa: E402
 
 
 def _installed() -> str | None:

@@ -1,6 +1,6 @@
 """OpenHands (PyPI `openhands-sdk`/`openhands-tools`, pinned; its default coding agent through
 the harness's driver) as a harness: run on Debian trixie's python3.13 bundled in its venv
-(wrappers/harness_python.py), in a local sandbox with no network, its model calls going
+(wrappers/harness/python.py), in a local sandbox with no network, its model calls going
 through the relay to the proxy's chat-completions door, a scripted policy as its model, on a
 real built-in SWE task graded with SWE-bench's grading. Its failure modes end the episode
 with a typed error. (Docker: tests/test_harness_docker.py.)"""
@@ -21,9 +21,9 @@ require_module("server", "fastapi")
 
 import orchard_gym  # noqa: E402,F401 - registers the env ids
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
-from orchard_gym.wrappers.openai_format import text_messages  # noqa: E402
-from orchard_gym.wrappers.harness_env import HarnessError  # noqa: E402
-from orchard_gym.wrappers.harnesses.openhands import HARNESS as OPENHANDS, VERSION  # noqa: E402
+from orchard_gym.wrappers.proxy.openai_format import text_messages  # noqa: E402
+from orchard_gym.wrappers.harness.env import HarnessError  # noqa: E402
+from orchard_gym.wrappers.harness.plugins.openhands import HARNESS as OPENHANDS, VERSION  # noqa: E402
 
 TASK = "semver-3.0.2"
 GOLD = load_tasks("builtin")[TASK].patch

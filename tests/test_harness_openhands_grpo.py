@@ -25,8 +25,8 @@ from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
 from toy_grading import AlternatingToy  # noqa: E402
-from orchard_gym.wrappers.harness_env import HarnessEnv  # noqa: E402
-from orchard_gym.wrappers.harnesses.openhands import HARNESS as OPENHANDS  # noqa: E402
+from orchard_gym.wrappers.harness.env import HarnessEnv  # noqa: E402
+from orchard_gym.wrappers.harness.plugins.openhands import HARNESS as OPENHANDS  # noqa: E402
 
 
 def _installed() -> str | None:

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchard_gym.wrappers.harness import ShippedVenv
-from orchard_gym.wrappers.harness_install import HarnessInstallError, ensure_venv_payload, venv_python_version
+from orchard_gym.wrappers.harness.install import HarnessInstallError, ensure_venv_payload, venv_python_version
 
 X_Y = "{}.{}".format(*sys.version_info[:2])
 

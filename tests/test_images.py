@@ -64,7 +64,7 @@ def test_garbage_image_observations(obs, words):
 def proxy():
     require_module("server", "fastapi")
     from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy
-    from orchard_gym.wrappers.stub import StubUpstream
+    from orchard_gym.wrappers.proxy.stub import StubUpstream
 
     stub = StubUpstream().start()
     p = RecordingProxy(ProxyConfig(upstream=stub.url)).start_in_thread()

@@ -20,7 +20,7 @@ import orchard_gym  # noqa: F401
 from orchard_gym.client import AsyncSandboxClient
 from orchard_gym.envs.swe.tasks import load_tasks
 from orchard_gym.integrations.verifiers_run import VENV, toml_value, venv_missing, vf_eval
-from orchard_gym.wrappers.stub import StubUpstream, create_stub_app
+from orchard_gym.wrappers.proxy.stub import StubUpstream, create_stub_app
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -167,7 +167,7 @@ def test_openai_policy_tokens_equal_the_servers_usage(local_root):
     from orchard_gym.client import AsyncSandboxClient
     from orchard_gym.envs.rollout import run_episodes
     from orchard_gym.policies import OpenAIPolicy
-    from orchard_gym.wrappers.stub import StubUpstream
+    from orchard_gym.wrappers.proxy.stub import StubUpstream
 
     stub = StubUpstream().start()
     seen: list[dict] = []
@@ -196,7 +196,7 @@ def test_openai_policy_tokens_equal_the_servers_usage(local_root):
 
 
 def test_proxy_records_are_summed_once():
-    from orchard_gym.wrappers.records import CallRecord
+    from orchard_gym.wrappers.proxy.records import CallRecord
 
     calls = [CallRecord(index=0, call_id="a", request={}, usage={"prompt_tokens": 100, "completion_tokens": 7}),
              CallRecord(index=1, call_id="b", request={}, endpoint="messages",

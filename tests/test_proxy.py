@@ -23,9 +23,9 @@ openai = require_module("openai", "openai")
 require_module("server", "fastapi")
 
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
-from orchard_gym.wrappers.reconstruct import drop_errors, reconstruct, to_trajectory  # noqa: E402
-from orchard_gym.wrappers.records import load_jsonl  # noqa: E402
-from orchard_gym.wrappers.stub import StubUpstream  # noqa: E402
+from orchard_gym.wrappers.proxy.reconstruct import drop_errors, reconstruct, to_trajectory  # noqa: E402
+from orchard_gym.wrappers.proxy.records import load_jsonl  # noqa: E402
+from orchard_gym.wrappers.proxy.stub import StubUpstream  # noqa: E402
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "description": "run a command",
                                            "parameters": {"type": "object", "properties": {"command": {"type": "string"}}}}}]
@@ -395,7 +395,7 @@ def test_orchard_proxy_command(stub):
 def test_docstring_examples_run():
     import doctest
 
-    from orchard_gym.wrappers import proxy as module
+    from orchard_gym.wrappers.proxy import server as module
 
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -404,7 +404,7 @@ def test_docstring_examples_run():
 def test_chat_text_part_lists_become_one_string_in_the_normal_form():
     """OpenClaw sends user turns as lists of text parts: the normal form (what the policy sees and
     chat templates render) joins them, as the Responses and Messages doors already do; images stay."""
-    from orchard_gym.wrappers.openai_format import CHAT, prompt_of
+    from orchard_gym.wrappers.proxy.openai_format import CHAT, prompt_of
 
     image = [{"type": "text", "text": "see"}, {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}}]
     body = {"messages": [{"role": "system", "content": "s"},

@@ -18,9 +18,9 @@ openai = require_module("openai", "openai")
 require_module("server", "fastapi")
 
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
-from orchard_gym.wrappers.reconstruct import reconstruct  # noqa: E402
-from orchard_gym.wrappers.records import RolloutRecord  # noqa: E402
-from orchard_gym.wrappers.stub import StubUpstream  # noqa: E402
+from orchard_gym.wrappers.proxy.reconstruct import reconstruct  # noqa: E402
+from orchard_gym.wrappers.proxy.records import RolloutRecord  # noqa: E402
+from orchard_gym.wrappers.proxy.stub import StubUpstream  # noqa: E402
 
 BASH = {"name": "bash", "description": "run a command",
         "input_schema": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}

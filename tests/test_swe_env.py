@@ -299,7 +299,7 @@ def test_orchard_eval_drives_an_openai_compatible_endpoint(tmp_path, local_root)
     whose `stub-tool` model calls the first tool with made-up arguments)."""
     import os
 
-    from orchard_gym.wrappers.stub import StubUpstream
+    from orchard_gym.wrappers.proxy.stub import StubUpstream
 
     stub = StubUpstream().start()
     try:

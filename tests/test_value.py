@@ -23,7 +23,7 @@ from conftest import needs_bwrap, require_module
 torch = require_module("train", "torch")
 require_module("train", "trl")
 
-from orchard_gym.algos import credit, pool as P, rerank, sft, value  # noqa: E402
+from orchard_gym.algos import credit, trajectory_pool as P, rerank, sft, value  # noqa: E402
 from orchard_gym.algos.pool_tokens import EntryTokenizer, _plain_args  # noqa: E402
 from orchard_gym.algos.tiny import build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.cli import main  # noqa: E402
@@ -334,7 +334,7 @@ def _entry(resolved: bool, commands: list[str]) -> P.PoolEntry:
 def test_sft_masks_token_by_token_in_every_mode(tiny):
     from transformers import AutoTokenizer
 
-    from orchard_gym.wrappers.records import CallRecord, RolloutRecord
+    from orchard_gym.wrappers.proxy.records import CallRecord, RolloutRecord
 
     tok = AutoTokenizer.from_pretrained(str(tiny))
     tk = EntryTokenizer(tok)
@@ -475,7 +475,7 @@ def _trajectory(task_id, actions, errors, reward=0.0, error=None):
 def test_pool_filters_caps_balance_and_proxy_calls(tiny, tmp_path):
     from transformers import AutoTokenizer
 
-    from orchard_gym.wrappers.records import CallRecord, RolloutRecord
+    from orchard_gym.wrappers.proxy.records import CallRecord, RolloutRecord
 
     info = P.TaskInfo("Orchard/Toy-v0", ENV_KW)
     bash = {"name": "bash", "arguments": {"command": "ls"}}

@@ -10,11 +10,11 @@ import time
 import gymnasium as gym
 import pytest
 from orchard_gym.wrappers import DiscountedTerminalReward, ErrorFilter, ShapeReward, EchoEnv, WallClockTimeout
-from orchard_gym.wrappers.reconstruct import discounted
+from orchard_gym.wrappers.proxy.reconstruct import discounted
 
 import orchard_gym  # noqa: F401
 
-DOC_MODULES = ["echo", "timeout", "reward", "error_filter", "reconstruct"]
+DOC_MODULES = ["echo", "timeout", "reward", "error_filter", "proxy.reconstruct"]
 
 
 @pytest.mark.parametrize("name", DOC_MODULES)

@@ -1,10 +1,11 @@
 """Harness recording and Gymnasium wrappers.
 
-- the recording proxy (`RecordingProxy`, `ProxyConfig`, `create_app`): OpenAI-compatible
-  endpoints per rollout that record every model call (needs the `server` extra);
-- `HarnessEnv`: any harness (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
-- trajectory reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
-- wrappers, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
+- `proxy/`, the recording proxy (`RecordingProxy`, `ProxyConfig`, `create_app`): OpenAI-compatible
+  endpoints per rollout that record every model call (needs the `server` extra), and trajectory
+  reconstruction (`reconstruct`, `Sample`, `to_trajectory`, `drop_errors`);
+- `harness/`: harnesses as data, one plugin module each, and `HarnessEnv`: any harness
+  (mini-swe-agent, ...) as a Gymnasium env, through the proxy;
+- the Gym wrappers here, one idea each: `WallClockTimeout`, `DiscountedTerminalReward`, `ShapeReward`,
   `ErrorFilter` (and `EchoEnv`, the tiny env their examples use; `ToyEnv` is its old name).
 
 See docs/recording.md. Importing this package does not import FastAPI.
@@ -17,13 +18,13 @@ from importlib import import_module
 from typing import Any
 
 _LAZY = {
-    "RecordingProxy": "proxy", "ProxyConfig": "proxy", "create_app": "proxy",
-    "StubUpstream": "stub",
-    "HarnessEnv": "harness_env", "HarnessError": "harness_env",
-    "Harness": "harness", "MINI_SWE_AGENT": "harness", "get_harness": "harness",
-    "RolloutStore": "records", "RolloutRecord": "records", "CallRecord": "records",
-    "reconstruct": "reconstruct", "Sample": "reconstruct", "to_trajectory": "reconstruct",
-    "drop_errors": "reconstruct", "discounted": "reconstruct",
+    "RecordingProxy": "proxy.server", "ProxyConfig": "proxy.server", "create_app": "proxy.server",
+    "StubUpstream": "proxy.stub",
+    "HarnessEnv": "harness.env", "HarnessError": "harness.env",
+    "Harness": "harness.spec", "MINI_SWE_AGENT": "harness.spec", "get_harness": "harness.spec",
+    "RolloutStore": "proxy.records", "RolloutRecord": "proxy.records", "CallRecord": "proxy.records",
+    "reconstruct": "proxy.reconstruct", "Sample": "proxy.reconstruct", "to_trajectory": "proxy.reconstruct",
+    "drop_errors": "proxy.reconstruct", "discounted": "proxy.reconstruct",
     "AsyncWrapper": "base", "EchoEnv": "echo",
     "WallClockTimeout": "timeout",
     "DiscountedTerminalReward": "reward", "ShapeReward": "reward",

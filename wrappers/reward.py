@@ -8,7 +8,7 @@ from typing import Any
 import gymnasium as gym
 
 from .base import AsyncWrapper
-from .reconstruct import discounted
+from .proxy.reconstruct import discounted
 
 
 class DiscountedTerminalReward(AsyncWrapper):

@@ -1,6 +1,6 @@
 """The SWE oracle: apply the task's gold patch, then submit (`orchard eval --policy oracle`): it
 checks tasks and graders end to end. The patch command is shared with harness evaluations,
-which send it through a harness's own shell (wrappers/harness_eval.py)."""
+which send it through a harness's own shell (wrappers/harness/eval.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Python 3.13 venv in which Harbor's own code runs (harbor needs Python >= 3.12; the host has
-3.11): Debian trixie's python3.13 made portable (`orchard_gym.wrappers.harness_python`, the
+3.11): Debian trixie's python3.13 made portable (`orchard_gym.wrappers.harness.python`, the
 mechanism the OpenHands harness uses), with `harbor==0.25.0` from PyPI and this checkout of
 orchard-gym installed editable (with its docker extra), so that Harbor can load
 `orchard_gym.integrations.harbor_environment:OrchardEnvironment` by import path.
@@ -31,8 +31,8 @@ def requirements(repo: Path = REPO) -> list[str]:
 
 def harbor_python(build: bool = True, repo: Path = REPO) -> Path:
     """bin/python of the Harbor venv; built first when `build` (else HarnessInstallError if missing)."""
-    from orchard_gym.wrappers.harness_install import HarnessInstallError
-    from orchard_gym.wrappers.harness_python import ensure_portable_venv, venv_path
+    from orchard_gym.wrappers.harness.install import HarnessInstallError
+    from orchard_gym.wrappers.harness.python import ensure_portable_venv, venv_path
 
     reqs = requirements(repo)
     if build:

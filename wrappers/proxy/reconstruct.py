@@ -9,7 +9,7 @@ no samples at all by default: a partial rollout would inject a misleading reward
 correct prefix scored 0). Asked to keep them (`drop_failed=False`), their samples have
 `reward=None`, never a made-up number.
 
-    >>> from orchard_gym.wrappers.records import RolloutRecord, CallRecord
+    >>> from orchard_gym.wrappers.proxy.records import RolloutRecord, CallRecord
     >>> calls = [CallRecord(index=i, call_id=f"c{i}", request={}, message={"role": "assistant", "content": "x"})
     ...          for i in range(3)]
     >>> record = RolloutRecord(rollout_id="r", status="finished", reward=1.0, calls=calls)

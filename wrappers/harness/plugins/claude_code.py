@@ -7,7 +7,7 @@ and the small/fast model is the rollout's model too, so all its calls are record
 permission prompts are skipped (`IS_SANDBOX=1` allows that as root): the task's sandbox is
 the boundary. The session transcript (stream-json) goes to harness.log."""
 
-from ..harness import Harness
+from ..spec import Harness
 
 VERSION = "2.1.332"
 

@@ -4,12 +4,12 @@ conversation on the task's working directory with the terminal, file-editor and 
 tools, its LLM litellm's OpenAI chat-completions provider at the proxy (`openai/$ORCHARD_MODEL`,
 the rollout's token as the key), at most `max_steps` agent iterations. OpenHands needs
 Python >= 3.12: its venv is built on Debian trixie's python3.13, bundled in the venv
-(wrappers/harness_python.py), so it runs on the bookworm host, in local sandboxes and in
+(wrappers/harness/python.py), so it runs on the bookworm host, in local sandboxes and in
 docker ones whatever python the task image has. It ends its run with its `finish` tool."""
 
 from pathlib import Path
 
-from ..harness import Harness
+from ..spec import Harness
 
 VERSION = "1.58.2"
 DRIVER = (Path(__file__).parent / "openhands_driver.py").read_text()

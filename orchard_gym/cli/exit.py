@@ -1,4 +1,4 @@
-"""How `orchard eval` ends when the run itself failed (shared by cli.py and cli_harness.py)."""
+"""How `orchard eval` ends when the run itself failed (shared by commands.py and harness.py)."""
 
 from __future__ import annotations
 

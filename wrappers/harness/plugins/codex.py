@@ -4,7 +4,7 @@ own config file (`$CODEX_HOME/config.toml`, wire_api = "responses": it streams t
 Responses API, with its shell tool `exec_command`). Its own sandbox and
 approvals are off: it already runs inside the task's sandbox. The task text is its stdin."""
 
-from ..harness import Harness
+from ..spec import Harness
 
 VERSION = "0.171.0"
 # the package's own static (musl) binary, run directly: node (the npm launcher's runtime) is

@@ -32,7 +32,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .harness_install import HarnessInstallError
+from .install import HarnessInstallError
 
 # the Debian suite whose python3 is X.Y
 SUITES = {"3.13": "trixie"}
@@ -41,7 +41,7 @@ ARCH_LIBS = "usr/lib/x86_64-linux-gnu"
 LOADER = "ld-linux-x86-64.so.2"
 
 LAUNCHER = """#!/bin/sh
-# Debian {suite}'s python{python} with its own loader and libraries (see orchard_gym/wrappers/harness_python.py)
+# Debian {suite}'s python{python} with its own loader and libraries (see orchard_gym/wrappers/harness/python.py)
 d=$(dirname "$(dirname "$(readlink -f "$0")")")
 exec "$d/lib/{loader}" --library-path "$d/lib" --argv0 "$0" "$d/libexec/python{python}" "$@"
 """

@@ -14,7 +14,7 @@ def view_cmd(run, out) -> None:
 
     Example: orchard view runs/eval.jsonl --out runs/eval-view && chromium runs/eval-view/index.html
     """
-    from .viewer import ViewerError, write_report
+    from ..viewer import ViewerError, write_report
 
     try:
         click.echo(write_report(run, out))

@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, Response
 
 from .anthropic_format import MESSAGES, anthropic_error, check_prompt, estimate_input_tokens
 from .openai_format import CHAT, RESPONSES, FormatError, assistant_message, error_body
-from .proxy_calls import bearer_token, error_response, ModelEndpoints
-from .proxy_models import Answer, FinishRollout, OpenRollout, ProxyConfig
+from .calls import bearer_token, error_response, ModelEndpoints
+from .models import Answer, FinishRollout, OpenRollout, ProxyConfig
 from .records import Rollout, RolloutClosed, RolloutNotFound, RolloutStore
 
 

@@ -19,8 +19,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from ..harness import Harness
-from ..harness_install import HarnessInstallError
+from ..spec import Harness
+from ..install import HarnessInstallError
 
 VERSION = "2026.9.6"
 NODE_VERSION = "26.10.0"

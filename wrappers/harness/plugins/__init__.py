@@ -4,7 +4,7 @@ harness is adding a file (see docs/harnesses.md)."""
 
 from __future__ import annotations
 
-from ..harness import Harness, all_harnesses
+from ..spec import Harness, all_harnesses
 
 
 def builtin_harnesses() -> dict[str, Harness]:

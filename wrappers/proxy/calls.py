@@ -1,5 +1,5 @@
 """The proxy's model endpoints: one call of a harness, forwarded upstream or parked for the
-policy, validated and recorded (see wrappers/proxy.py)."""
+policy, validated and recorded (see wrappers/proxy/server.py)."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ from .anthropic_format import (
     sse_event,
 )
 from .records import CallRecord, Rollout, RolloutClosed, RolloutNotFound, RolloutStore
-from .proxy_models import ProxyConfig
+from .models import ProxyConfig
 
 log = logging.getLogger("orchard_gym.proxy")
 

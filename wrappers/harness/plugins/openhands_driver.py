@@ -1,5 +1,5 @@
 """The OpenHands driver, run *in the sandbox* by the harness's venv python (Debian's 3.13, see
-wrappers/harness_python.py), never imported on the host (its imports are inside `main`).
+wrappers/harness/python.py), never imported on the host (its imports are inside `main`).
 
 OpenHands' default coding agent (`openhands.tools.preset.default`: terminal, file editor,
 task tracker, the built-in finish/think tools; no browser, as its CLI mode) in a local

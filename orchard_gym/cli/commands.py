@@ -8,15 +8,15 @@ import time
 
 import click
 
-from . import __version__
+from .. import __version__
 
 
 class _Group(click.Group):
     """Shows our own errors as one clear line instead of a traceback."""
 
     def invoke(self, ctx):
-        from .import_interrupt import disarm
-        from .errors import OrchardError
+        from ..import_interrupt import disarm
+        from ..errors import OrchardError
 
         disarm()  # from here on Ctrl-C is a KeyboardInterrupt: what the command started is cleaned up
         try:
@@ -28,7 +28,7 @@ class _Group(click.Group):
             one.exit_code = e.exit_code
             raise one from None
         except (KeyboardInterrupt, click.Abort):  # Ctrl-C: the finally blocks above have cleaned up
-            from .import_interrupt import exit_interrupted
+            from ..import_interrupt import exit_interrupted
 
             exit_interrupted("interrupted (what it had started was stopped)")
             stop = click.ClickException("interrupted (what it had started was stopped)")
@@ -53,14 +53,14 @@ def main() -> None:
     """orchard-gym: sandboxes and Gymnasium envs for LLM agents."""
     import warnings
 
-    from .warnings_once import install as warnings_once
+    from ..warnings_once import install as warnings_once
 
     warnings.filterwarnings("once", category=FutureWarning)  # a dependency's deprecation: once, not per step
     warnings_once()  # ... even where a dependency's catch_warnings blocks reset "once"
 
 
 def _client(backend: str, base_url: str | None, api_key: str | None):
-    from .client import SandboxClient
+    from ..client import SandboxClient
 
     if base_url:
         return SandboxClient(base_url=base_url, api_key=api_key)
@@ -121,7 +121,7 @@ def sandbox_gc(root, backend) -> None:
     and the warm-pool sandboxes, claimed or idle, of an `orchard serve` that is gone."""
     import asyncio
 
-    from .backends.config import parse_backend_config
+    from ..backends.config import parse_backend_config
 
     config = {"type": "docker"} if backend == "docker" else {"type": "local", "root": root}
     the_backend = parse_backend_config(config).get_backend()
@@ -136,12 +136,12 @@ async def _gc_pools(backend) -> list[str]:
     $ORCHARD_REDIS_URL set, the replicas' shared records are asked)."""
     import os
 
-    from .service.pools import sweep_left_behind
-    from .service.store import MemoryStore
+    from ..service.pools import sweep_left_behind
+    from ..service.store import MemoryStore
 
     if os.environ.get("ORCHARD_REDIS_URL"):
-        from .service.app import make_store
-        from .service.settings import ServiceSettings
+        from ..service.app import make_store
+        from ..service.settings import ServiceSettings
 
         store = make_store(ServiceSettings())
     else:
@@ -161,7 +161,7 @@ def agent_cmd(ctx) -> None:
     """Start an execution agent by hand (arguments as `python3 orchard_gym/agent --help`)."""
     import runpy
 
-    from .agent import AGENT_DIR
+    from ..agent import AGENT_DIR
 
     sys.argv = ["orchard-agent", *ctx.args]
     runpy.run_path(AGENT_DIR, run_name="__main__")  # the folder on sys.path[0], as in a sandbox
@@ -199,7 +199,7 @@ def _price_opts(f):
 
 
 def _prices(cpu_hour, per_1k_tokens):
-    from .ledger import prices
+    from ..ledger import prices
 
     try:
         return prices(cpu_hour, per_1k_tokens)
@@ -261,7 +261,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     if harness is None and (policies or train_harness):
         raise click.UsageError("--policies and --train-harness need --harness (the cross-harness matrix)")
     if harness is not None:
-        from .cli_harness import eval_harnesses
+        from .harness import eval_harnesses
 
         return eval_harnesses(harness=harness, env_id=env_id, tasks=tasks, policy=policy, episodes=episodes,
                               policies=policies, train_harness=train_harness,
@@ -271,10 +271,10 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     import asyncio
     from pathlib import Path
 
-    from .client import AsyncSandboxClient
-    from .envs.rollout import run_episodes
-    from .errors import EndpointSpecError
-    from .policies import NothingPolicy, OpenAIPolicy, OraclePolicy
+    from ..client import AsyncSandboxClient
+    from ..envs.rollout import run_episodes
+    from ..errors import EndpointSpecError
+    from ..policies import NothingPolicy, OpenAIPolicy, OraclePolicy
 
     if policy == "oracle":
         agent = OraclePolicy()
@@ -294,7 +294,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         env_kw = {**user_kw, **extra, **({} if tasks == "builtin" else {"tasks": tasks})}
     except (json.JSONDecodeError, TypeError, ValueError) as e:
         raise click.BadParameter(f"not a JSON object: {e}", param_hint="--env-kwargs") from None
-    from .registration import env_tasks
+    from ..registration import env_tasks
 
     try:
         tasks_by_id = env_tasks(env_id, **env_kw)  # from the task source: no env, sandbox or backend
@@ -312,7 +312,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     if best_of_n > 1 and not value_model:
         raise click.UsageError("--best-of needs --value MODEL")
     if branch_at:
-        from .envs.branching import BranchError, check_branching
+        from ..envs.branching import BranchError, check_branching
 
         try:
             check_branching(list(branch_at), branches, max_steps)
@@ -322,7 +322,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     out_path = Path(out or f"runs/eval-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    from .screenshots import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
+    from ..screenshots import ScreenshotFiles  # image observations: PNG files next to the JSONL, for `orchard view`
 
     screenshots = ScreenshotFiles(out_path.with_name(out_path.stem + "-screenshots"), out_path.parent)
 
@@ -349,7 +349,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
     wall = time.monotonic() - started
     ran = results  # what the ledger sums: with --best-of, every candidate's sandboxes and tokens
     if best_of_n > 1:  # keep the reranked episode of every N (see docs/value.md)
-        from .cli_value import best_of
+        from .value import best_of
 
         candidates, results = results, best_of(results, value_model, probe, best_of_n)
         picks_path = out_path.with_suffix(".best-of.jsonl")
@@ -368,7 +368,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
         secs = sum(max(0.0, (t.ended_at or t.started_at) - t.started_at) for t in results) / len(results)
         click.echo(f"mean steps {steps:.1f}; mean episode time {secs:.1f}s")
         _echo_pass_at_k(results, attempts)
-        from .ledger import format_summary, summarize
+        from ..ledger import format_summary, summarize
 
         click.echo(format_summary(summarize(ran, price)))
     for t in results:
@@ -376,7 +376,7 @@ def eval_cmd(env_id, tasks, split, image_prefix, policy, max_error_rate, backend
             "resolved" if t.reward > 0 else "TAMPERING" if (t.report or {}).get("tampering") else "unresolved"
         click.echo(f"  {t.task_id:28} reward {t.reward:.1f}  steps {t.steps:2}  {mark}")
     click.echo(f"trajectories: {out_path}")
-    from .cli_exit import exit_if_failed
+    from .exit import exit_if_failed
 
     exit_if_failed(len(results) - len(ok) - broken, len(results), max_error_rate,
                     next((t.error for t in results if t.error and t.error_kind != "grading"), None))
@@ -422,12 +422,12 @@ def _echo_pass_at_k(results, k: int) -> None:
 def serve_cmd(host, port, backend, redis_url, pools) -> None:
     """Run the orchestrator: the REST API over a backend (settings: ORCHARD_* env vars,
     see docs/orchestrator.md). Needs the server extra (pip install 'orchard-gym[server]')."""
-    from .service.settings import ServiceSettings
+    from ..service.settings import ServiceSettings
 
     overrides = {k: v for k, v in {"backend": backend, "redis_url": redis_url, "pools": list(pools) or None}.items()
                  if v is not None}
     try:
-        from .service.app import serve
+        from ..service.app import serve
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra (pip install 'orchard-gym[server]')") from e
     from pydantic import ValidationError
@@ -455,7 +455,7 @@ def serve_env_cmd(env_id, host, port, backend, api_key, max_sessions, session_ti
     """Serve ENV_ID (e.g. Orchard/Claw-v0) through OpenEnv's server (docs/integrations.md).
     Needs the integrations extra (pip install 'orchard-gym[integrations]')."""
     try:
-        from .integrations.openenv import serve
+        from ..integrations.openenv import serve
     except ImportError as e:
         raise click.ClickException(f"{e}: install the integrations extra (pip install 'orchard-gym[integrations]')") \
             from e
@@ -481,7 +481,7 @@ def proxy_cmd(host, port, upstream, upstream_api_key, upstream_model, uds, admin
     Example: orchard proxy --port 8100 --upstream http://localhost:8000/v1
     """
     try:
-        from .wrappers.proxy import ProxyConfig, serve
+        from ..wrappers.proxy.server import ProxyConfig, serve
     except ImportError as e:
         raise click.ClickException(f"{e}: install the server extra (pip install 'orchard-gym[server]')") from e
     serve(ProxyConfig(host=host, port=port, upstream=upstream, upstream_api_key=upstream_api_key,
@@ -650,10 +650,10 @@ def plot_cmd(run_dir, out) -> None:
         raise click.ClickException(str(e)) from None
 
 
-from .cli_export import export_cmd  # noqa: E402 - commands of their own modules
-from .cli_tasks import tasks_group  # noqa: E402
-from .cli_value import pool_group, train_sft_cmd, value_group  # noqa: E402
-from .cli_view import view_cmd  # noqa: E402
+from .export import export_cmd  # noqa: E402 - commands of their own modules
+from .tasks import tasks_group  # noqa: E402
+from .value import pool_group, train_sft_cmd, value_group  # noqa: E402
+from .view import view_cmd  # noqa: E402
 
 main.add_command(tasks_group)
 main.add_command(export_cmd)
@@ -661,6 +661,3 @@ main.add_command(view_cmd)
 main.add_command(pool_group)
 main.add_command(value_group)
 train.add_command(train_sft_cmd)
-
-if __name__ == "__main__":
-    main()

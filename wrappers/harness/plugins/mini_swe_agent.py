@@ -3,7 +3,7 @@ agent class, yolo mode, no confirmation at exit, no cost limit; the model throug
 OpenAI provider at the proxy, tool calling (its `bash` tool). It submits with
 `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`."""
 
-from ..harness import Harness
+from ..spec import Harness
 
 VERSION = "2.4.6"
 

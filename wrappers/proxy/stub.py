@@ -197,7 +197,7 @@ class StubUpstream:
     """The stub on 127.0.0.1 (any free port), served by uvicorn on a thread of its own."""
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, scripts: dict[str, list[str]] | None = None):
-        from .proxy import ProxyConfig, RecordingProxy
+        from .server import ProxyConfig, RecordingProxy
 
         # reuse the proxy's server plumbing: same uvicorn, same socket handling
         self._runner = RecordingProxy(ProxyConfig(host=host, port=port))
@@ -229,7 +229,7 @@ class StubUpstream:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m orchard_gym.wrappers.stub --port 8200`: serve the stub in the foreground."""
+    """`python -m orchard_gym.wrappers.proxy.stub --port 8200`: serve the stub in the foreground."""
     import argparse
 
     import uvicorn

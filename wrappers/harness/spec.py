@@ -38,7 +38,7 @@ and the command sees these variables:
 
 It runs with the task's environment (e.g. PATH with the task's test venv first), so the
 commands it runs see what the task env's tools see. The built-in harnesses are one
-module each in `wrappers/harnesses/` (see docs/harnesses.md).
+module each in `wrappers/harness/plugins/` (see docs/harnesses.md).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ class Harness(BaseModel):
     command: str = Field(min_length=1, description="bash that starts the harness (see the module docstring)")
     requirements: list[str] = Field(default_factory=list, description="pip requirements of its venv (pinned)")
     python: str | None = Field(None, pattern=r"^3\.\d+$", description="X.Y: build the venv on Debian's pythonX.Y, "
-                               "bundled in it (harness_python.py), not on the host's interpreter")
+                               "bundled in it (harness/python.py), not on the host's interpreter")
     npm: list[str] = Field(default_factory=list, description="npm packages, pinned: name@X.Y.Z")
     files: dict[str, str] = Field(default_factory=dict, description="path under the harness dir -> template")
     model_url_env: dict[str, str] = Field(default_factory=dict, description="more variables holding the model "
@@ -79,7 +79,7 @@ class Harness(BaseModel):
     @field_validator("npm")
     @classmethod
     def _pinned(cls, v: list[str]) -> list[str]:
-        from .harness_install import check_npm_pins
+        from .install import check_npm_pins
 
         return check_npm_pins(v)
 
@@ -110,7 +110,7 @@ class Harness(BaseModel):
         if not self.requirements:
             return None
         if self.python:
-            from .harness_python import ensure_portable_venv
+            from .python import ensure_portable_venv
 
             return ensure_portable_venv(self.requirements, self.python)
         from orchard_gym.envs.swe.venvs import cache_root, ensure_venv
@@ -121,7 +121,7 @@ class Harness(BaseModel):
         """Install (once, cached) the npm packages; their prefix, or None if it has none."""
         if not self.npm:
             return None
-        from .harness_install import ensure_npm
+        from .install import ensure_npm
 
         return ensure_npm(self.npm)
 
@@ -232,9 +232,9 @@ def get_harness(spec: str | dict | Harness) -> Harness:
     return harnesses[spec]
 
 
-# The built-in harnesses are plugins, one module each in wrappers/harnesses/, found by file name:
+# The built-in harnesses are plugins, one module each in wrappers/harness/plugins/, found by file name:
 # they import this module (for `Harness`), never the other way round.
-HARNESS_PACKAGE = f"{__name__.rpartition('.')[0]}.harnesses"
+HARNESS_PACKAGE = f"{__name__.rpartition('.')[0]}.plugins"
 
 
 def all_harnesses() -> dict[str, Harness]:
@@ -248,7 +248,7 @@ def all_harnesses() -> dict[str, Harness]:
     return found
 
 
-def __getattr__(name: str):  # the old module-level names, now in wrappers/harnesses/
+def __getattr__(name: str):  # the old module-level names, now in wrappers/harness/plugins/
     if name == "MINI_SWE_AGENT":
         return all_harnesses()["mini-swe-agent"]
     if name == "MINI_SWE_AGENT_VERSION":

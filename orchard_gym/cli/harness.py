@@ -1,4 +1,4 @@
-"""`orchard eval --harness NAME[,NAME...]`: the harness side of `orchard eval` (cli.py hands
+"""`orchard eval --harness NAME[,NAME...]`: the harness side of `orchard eval` (commands.py hands
 over here when --harness is given). See docs/harnesses.md."""
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
     import gymnasium as gym
 
     from orchard_gym.wrappers.harness import all_harnesses
-    from orchard_gym.wrappers.harness_eval import (evaluate_harnesses, evaluate_matrix, format_matrix, format_table,
+    from orchard_gym.wrappers.harness.eval import (evaluate_harnesses, evaluate_matrix, format_matrix, format_table,
                                                    policy_from_spec)
 
     import orchard_gym  # noqa: F401 - registers the env ids
@@ -103,6 +103,6 @@ def eval_harnesses(*, harness: str, env_id: str, tasks: str, policy: str, backen
         if r.error:
             click.echo(f"  ERROR {r.harness}/{r.task_id}: {r.error[:300]}")
     click.echo(f"runs (trajectories and every recorded call): {out_path}")
-    from orchard_gym.cli_exit import exit_if_failed
+    from orchard_gym.cli.exit import exit_if_failed
 
     exit_if_failed(sum(1 for r in runs if r.error), len(runs), max_error_rate, next((r.error for r in runs if r.error), None))

@@ -26,7 +26,7 @@ answered) kills the harness too, but is the policy's outcome: truncated, and gra
 
 Networking: with `network="isolated"` (the default) the sandbox has no network at all
 (its own empty network namespace on the local backend) and reaches the proxy only
-through the proxy's unix socket, via `wrappers/relay.py` inside the sandbox. With
+through the proxy's unix socket, via `wrappers/proxy/relay.py` inside the sandbox. With
 `network="proxy"` (docker, kubernetes) the sandbox is a blocked one (docker: an internal
 network with no route out, the host guard refusing every host port but the proxy's;
 kubernetes: a NetworkPolicy) and the harness calls the proxy over TCP at `proxy_url`
@@ -58,11 +58,11 @@ from orchard_gym.errors import OrchardError
 from orchard_gym.ledger import charge_calls
 from orchard_gym.trajectory import Trajectory, Turn
 
-from .harness import Harness, ShippedVenv, get_harness
-from .openai_format import FormatError, assistant_message
-from .records import PendingCall, RolloutClosed, RolloutRecord
+from .spec import Harness, ShippedVenv, get_harness
+from ..proxy.openai_format import FormatError, assistant_message
+from ..proxy.records import PendingCall, RolloutClosed, RolloutRecord
 
-RELAY_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay.py")
+RELAY_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "proxy", "relay.py")
 
 
 class HarnessError(OrchardError):
@@ -125,7 +125,7 @@ class HarnessEnv(gym.Env):
     # ------------------------------------------------------------------ plumbing
     async def _get_proxy(self):
         if self.proxy is None:
-            from .proxy import ProxyConfig, RecordingProxy, default_socket_dir
+            from ..proxy.server import ProxyConfig, RecordingProxy, default_socket_dir
 
             _sweep_stale_sockets(default_socket_dir())
             sock = os.path.join(default_socket_dir(), f"proxy-{os.getpid()}-{id(self) % 10**8}.sock")
@@ -151,7 +151,7 @@ class HarnessEnv(gym.Env):
 
     def samples(self, gamma: float = 1.0, drop_failed: bool = True):
         """The finished episode's training samples, `r_t = γ^(T−t)·r_T` (see `reconstruct`)."""
-        from .reconstruct import reconstruct
+        from ..proxy.reconstruct import reconstruct
 
         if self._record is None:
             raise gym.error.ResetNeeded("no episode yet")
@@ -182,7 +182,7 @@ class HarnessEnv(gym.Env):
         h, npm_dir, payload, shipped = self.harness, str(npm) if npm else None, None, None
         if self.network == "proxy" or sandbox.record.backend != "local":
             # the sandbox cannot see the host's installs: ship what the harness needs
-            from .harness_install import ensure_payload, ensure_venv_payload, venv_python_version
+            from .install import ensure_payload, ensure_venv_payload, venv_python_version
 
             if npm is not None:
                 if not h.sandbox_payload:

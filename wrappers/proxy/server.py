@@ -13,7 +13,7 @@ loop answers it (`RolloutStore.next_call` / `respond`, or the control API's
 The control API (`/rollouts...`, `/export`) needs the admin key; model endpoints need the
 rollout's own token, so a sandbox can neither read nor write another rollout's records.
 When the proxy also listens on a unix socket (`uds`), that socket serves only the model
-endpoints and `/health`: it is what sandboxes reach (see `wrappers/relay.py`).
+endpoints and `/health`: it is what sandboxes reach (see `wrappers/proxy/relay.py`).
 See docs/recording.md.
 """
 
@@ -27,8 +27,8 @@ import os
 import socket
 import threading
 
-from .proxy_app import create_app
-from .proxy_models import Answer, FinishRollout, OpenRollout, ProxyConfig
+from .app import create_app
+from .models import Answer, FinishRollout, OpenRollout, ProxyConfig
 from .records import RolloutStore
 
 __all__ = ["Answer", "FinishRollout", "OpenRollout", "ProxyConfig", "RecordingProxy", "create_app",

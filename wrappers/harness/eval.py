@@ -1,6 +1,6 @@
 """Evaluating harnesses: every task through each harness, the same tasks for all, one table.
 
-    from orchard_gym.wrappers.harness_eval import evaluate_harnesses, policy_from_spec
+    from orchard_gym.wrappers.harness.eval import evaluate_harnesses, policy_from_spec
     results = evaluate_harnesses(["mini-swe-agent", "codex"], "Orchard/SWE-v0", ["semver-3.0.2"],
                                  policy_from_spec("openai:http://localhost:8000/v1#Qwen/Qwen3-8B"),
                                  backend={"type": "local"}, out="runs/eval.jsonl")
@@ -34,7 +34,7 @@ from orchard_gym.errors import EndpointSpecError
 
 from orchard_gym.envs.swe.oracle import apply_patch_command
 
-from .harness import Harness, get_harness
+from .spec import Harness, get_harness
 
 # a policy: (harness, the task env's current task, the pending request's info) -> (action, tokens or None)
 Policy = Callable[[Harness, Any, dict], Awaitable[tuple[Any, dict | None]]]
@@ -123,7 +123,7 @@ async def run_one(harness: Harness, env_id: str, task_id: str, policy: Policy, *
     """One episode of `harness` on `task_id`, the policy answering every model call."""
     import gymnasium as gym
 
-    from .harness_env import HarnessEnv
+    from .env import HarnessEnv
 
     started = time.monotonic()
     env: HarnessEnv = gym.spec(env_id).make(harness=harness, client=client, proxy=proxy, max_steps=max_steps,
@@ -168,7 +168,7 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
     from orchard_gym.client import AsyncSandboxClient
     from orchard_gym.envs.swe.venvs import cache_root
 
-    from .proxy import ProxyConfig, RecordingProxy, default_socket_dir
+    from ..proxy.server import ProxyConfig, RecordingProxy, default_socket_dir
 
     resolved = [get_harness(h) for h in harnesses]
     if len({h.name for h in resolved}) != len(resolved):
@@ -184,7 +184,7 @@ async def aevaluate_harnesses(harnesses: Sequence[str | Harness], env_id: str, t
     client_kwargs = dict(client_kwargs or {"backend": backend or {"type": "local"}})
     backend_cfg = dict(client_kwargs.get("backend") or {})
     network, proxy_config = "isolated", ProxyConfig(uds=sock)
-    if backend_cfg.get("type", "local") != "local":  # containers: TCP to the proxy only (see harness_env)
+    if backend_cfg.get("type", "local") != "local":  # containers: TCP to the proxy only (see harness/env.py)
         import socket
 
         with socket.socket() as s:

@@ -18,8 +18,8 @@ def export_cmd(trajectories, fmt, out, agent) -> None:
 
     Example: orchard export --format atif runs/eval.jsonl
     """
-    from .atif import to_atif
-    from .trajectory import Trajectory
+    from ..atif import to_atif
+    from ..trajectory import Trajectory
 
     source = Path(trajectories)
     out_path = Path(out) if out else source.with_suffix(".atif.jsonl")

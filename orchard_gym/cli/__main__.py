@@ -1,0 +1,5 @@
+"""`python -m orchard_gym.cli ...`: the `orchard` command."""
+
+from . import main
+
+main()
