@@ -176,9 +176,9 @@ class SandboxEnv(gym.Env):
         return {"image": self.image_for(task), **self.sandbox_size(task)}
 
     async def before_sandbox(self, task: Any) -> None:
-        """Pre-sandbox hook of a fresh reset: runs once the task is chosen and the client made,
-        before the sandbox is (e.g. Harbor builds the task's image, sets budgets from the task).
-        `self.task` is still the last episode's. Default: nothing."""
+        """Pre-sandbox hook of a reset (not of a restore from a snapshot): runs once the task is
+        chosen and the client made, before a sandbox is made or reused (e.g. Harbor builds the
+        task's image, sets budgets from the task). `self.task` is still the last episode's."""
 
     async def reuse_sandbox(self, task: Any) -> ToolContext | None:
         """The tool context of `task` on the live sandbox of the last episode, or None to start a
