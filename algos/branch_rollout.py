@@ -43,7 +43,7 @@ async def run_branched(runner: EpisodeRunner, task_id: str, n: int, at: int, max
                 trajectory.error = trajectory.error or f"the root episode ended before the branch point (turn {at})"
                 return [runner.sample(task_id, trajectory.model_copy(deep=True), root, started, max_steps,
                                       max_seconds) for _ in range(n)]
-            await root_env._release_sandbox()  # the snapshot outlives the root's sandbox
+            await root_env.release_sandbox()  # the snapshot outlives the root's sandbox
         prefix = len(root.completion_ids)
 
         async def branch(i: int) -> AgentSample:

@@ -35,7 +35,7 @@ from orchard_gym.screenshots import observation_text
 from orchard_gym.trajectory import Trajectory
 
 from .base import SandboxEnv
-from .forking import EnvSnapshot, clone
+from .forking import EnvSnapshot
 from .episode import SYSTEM_PROMPT, Policy, ScreenshotSink, first_messages, play
 
 
@@ -164,7 +164,7 @@ async def _grow(env: SandboxEnv, policy: Policy, task_id: str | None, ks: list[i
                 for i in range(branches)]
             tree.points[k] = BranchPoint(at=k)
         await play(env, bound, messages, tools, bind=False, **kwargs)
-        await env._release_sandbox()  # the root's sandbox; its snapshots live until the env closes
+        await env.release_sandbox()  # the root's sandbox; its snapshots live until the env closes
     for k, tasks in pending.items():
         point = tree.points[k]
         point.trajectories = list(await asyncio.gather(*tasks))
@@ -185,7 +185,7 @@ async def snapshot_at(env: SandboxEnv, policy: Policy, messages: list[dict], too
     """Play a reset env's episode (a bound policy, `messages` extended in place) on to turn `at` and
     snapshot its state there: the branch point. None when the episode ended or failed before it."""
     await play(env, policy, messages, tools, stop_at=at, bind=False, **play_kwargs)
-    if env._done or len(env.trajectory.turns) < at or env.trajectory.error:
+    if env.done or len(env.trajectory.turns) < at or env.trajectory.error:
         return None
     return await env.asnapshot()
 
@@ -196,7 +196,7 @@ async def run_branch(parent: SandboxEnv, snap: EnvSnapshot, policy: Policy, mess
     """One continuation from a branch point: an env like `parent` restored from `snap`, played to its
     end with its own copy of `messages` (`metadata["branch"] = branch`). A fork that fails, or one
     still running after `timeout` seconds, is one failed sample (`trajectory.error`), not a crash."""
-    env = clone(parent)
+    env = parent.clone()
     try:
         try:
             await env.areset(options={"snapshot": snap})

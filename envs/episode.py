@@ -110,7 +110,7 @@ async def play(env: SandboxEnv, policy: Policy, messages: list[dict], tools: lis
 
 async def _turns(env: SandboxEnv, policy: Policy, messages: list[dict], tools: list[dict], record_messages: bool,
                  screenshots: ScreenshotSink | None, stop_at: int | None) -> Trajectory:
-    done = env._done
+    done = env.done
     while not done and (stop_at is None or len(env.trajectory.turns) < stop_at):
         try:
             action = await policy(messages, tools)

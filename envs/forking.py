@@ -11,7 +11,9 @@ the GUI display). On top of it:
   from it (at its next reset or close).
 - `fork(env, n)`: n new envs of the same class continuing from the current state, each
   with its own copy of the trajectory so far and its own sandbox.
-- `restore(env, snap)`: what `env.reset(options={"snapshot": snap})` does.
+- `env.arestore(snap)` (envs/base.py): what `env.reset(options={"snapshot": snap})` does;
+  `env.clone()`: a new env of the same settings, sharing the client. The env keeps its own
+  episode state; what it holds of snapshots is `env.snapshots` (a `SnapshotBook`).
 - set-up snapshots (`snapshot_setup=True` on the env): the first reset of a task snapshots
   the sandbox right after `setup`; later resets of that task restore it instead of
   running `setup` again.
@@ -20,9 +22,7 @@ the GUI display). On top of it:
 from __future__ import annotations
 
 import asyncio
-import copy
 import dataclasses
-import time
 from typing import Any, ClassVar, Protocol
 
 import gymnasium as gym
@@ -30,36 +30,33 @@ import gymnasium as gym
 from orchard_gym.errors import OrchardError
 from orchard_gym.trajectory import Trajectory
 
-from .tools import Tool, ToolContext
+from .tools import ToolContext
 
 
 class SandboxEnv(Protocol):
-    """What forking reads and sets of an env: envs/base.py's `SandboxEnv` (which imports this
-    module, so it is named here by what it has)."""
+    """What forking reads and calls of an env: envs/base.py's `SandboxEnv` (which imports this
+    module, so it is named here by what it has). Only its public contract: the env keeps its
+    own state, forking never reads or sets an `_`-prefixed attribute of it."""
 
     env_id: ClassVar[str]
     forks_midway: ClassVar[bool]
-    per_episode_attrs: ClassVar[tuple[str, ...]]
     snapshot_setup: bool
     sandbox: Any
     task: Any
     trajectory: Trajectory | None
-    tools: dict[str, Tool]
-    _client: Any
-    _owns_client: bool
-    _ctx: ToolContext | None
-    _started: float
-    _done: bool
-    _last_obs: Any
-    _np_random: Any
+    ctx: ToolContext | None
+    snapshots: SnapshotBook
 
     @property
-    def tool_schemas(self) -> list[dict]: ...
+    def done(self) -> bool: ...
+    @property
+    def elapsed(self) -> float: ...
+    @property
+    def client(self) -> Any: ...
     def sandbox_size(self, task: Any) -> dict: ...
-    def first_observation(self, task: Any) -> Any: ...
-    def _info(self, **extra: Any) -> dict: ...
-    async def _get_client(self) -> Any: ...
-    async def _release_sandbox(self) -> None: ...
+    def clone(self) -> Any: ...
+    async def arestore(self, snap: Any, seed: int | None = None) -> tuple[Any, dict]: ...
+    async def aclose(self) -> None: ...
     async def setup(self, sandbox: Any, task: Any) -> ToolContext: ...
     async def resume(self, sandbox: Any, task: Any, ctx: ToolContext) -> ToolContext: ...
 
@@ -75,9 +72,9 @@ class EnvSnapshot:
         self.task = env.task
         self.ctx = ctx
         self.trajectory = trajectory.model_copy(deep=True) if trajectory is not None else None
-        self.elapsed = time.monotonic() - env._started
+        self.elapsed = env.elapsed
         self.size = env.sandbox_size(env.task)
-        self._client = env._client
+        self._client = env.client
         self._holds = 1  # the env that took it
         self.deleted = False
 
@@ -105,21 +102,33 @@ class EnvSnapshot:
         return f"EnvSnapshot({self.snapshot_id!r}, task={self.task_id!r}, turns={self.turns})"
 
 
-def _state(env: SandboxEnv) -> dict:
-    """The per-env bookkeeping of snapshots, created on first use (no change to SandboxEnv.__init__)."""
-    state = env.__dict__.get("_snapshots")
-    if state is None:
-        state = env.__dict__["_snapshots"] = {"owned": [], "using": None, "setup": {}}
-    return state
+class SnapshotBook:
+    """The snapshots one env holds (`env.snapshots`): those it took (`owned`), the one its
+    episode was restored from (`using`), its tasks' set-up snapshots (`setup`, by task id) and a
+    set-up restore under way (`pending`)."""
+
+    def __init__(self) -> None:
+        self.owned: list[EnvSnapshot] = []
+        self.using: EnvSnapshot | None = None
+        self.setup: dict[str, EnvSnapshot] = {}
+        self.pending: EnvSnapshot | None = None
+
+    def use(self, snap: EnvSnapshot) -> None:
+        """The episode now runs on a sandbox restored from `snap`: hold it until the next reset or close."""
+        snap.hold()
+        self.using = snap
+
+    def holds_any(self) -> bool:
+        return bool(self.owned or self.using or self.setup or self.pending)
 
 
 async def take_snapshot(env: SandboxEnv) -> EnvSnapshot:
     """Snapshot the env's sandbox now (the episode's state after the turns so far)."""
-    if env.sandbox is None or env._ctx is None:
+    if env.sandbox is None or env.ctx is None:
         raise gym.error.Error("snapshot needs a live sandbox: call reset() first (the env is closed or not reset)")
     record = await env.sandbox.snapshot()
-    snap = EnvSnapshot(env, record.snapshot_id, env._ctx, env.trajectory)
-    _state(env)["owned"].append(snap)
+    snap = EnvSnapshot(env, record.snapshot_id, env.ctx, env.trajectory)
+    env.snapshots.owned.append(snap)
     return snap
 
 
@@ -135,31 +144,6 @@ def check_snapshot(env: SandboxEnv, snap: Any) -> EnvSnapshot:
     return snap
 
 
-async def restore(env: SandboxEnv, snap: Any, seed: int | None = None) -> tuple[Any, dict]:
-    """Reset `env` into the snapshot's state: a new sandbox from it, the trajectory so far, the budget used."""
-    snap = check_snapshot(env, snap)
-    gym.Env.reset(env, seed=seed)
-    await env._release_sandbox()
-    client = await env._get_client()
-    snap.hold()
-    _state(env)["using"] = snap
-    env.task = snap.task
-    env.trajectory = snap.trajectory.model_copy(deep=True)
-    env.trajectory.metadata["restored_from"] = snap.snapshot_id
-    env._started, env._done = time.monotonic() - snap.elapsed, False
-    env.sandbox = await client.create_sandbox(from_snapshot=snap.snapshot_id, **snap.size)  # the snapshot's image
-    env.trajectory.sandbox_id = env.sandbox.sandbox_id
-    try:
-        env._ctx = await env.resume(env.sandbox, env.task, snap.ctx)
-    except BaseException:
-        await env._release_sandbox()
-        raise
-    turns = env.trajectory.turns
-    env._last_obs = turns[-1].observation if turns else env.first_observation(env.task)
-    return env._last_obs, env._info(tools=env.tool_schemas, sandbox_id=env.sandbox.sandbox_id,
-                                    snapshot_id=snap.snapshot_id)
-
-
 def default_resume(sandbox, ctx: ToolContext) -> ToolContext:
     """The same tool context on the restored sandbox (for envs whose set-up only writes files). The
     working directory may differ between sandboxes (the local backend's is under each one's own
@@ -173,42 +157,33 @@ def default_resume(sandbox, ctx: ToolContext) -> ToolContext:
                                state=dict(ctx.state))
 
 
-def clone(env: SandboxEnv) -> SandboxEnv:
-    """A new env of the same class and settings with no episode, sharing the client."""
-    child = copy.copy(env)
-    child.__dict__.pop("_snapshots", None)
-    child.sandbox, child._ctx, child.trajectory, child.task = None, None, None, None
-    if env._owns_client and env._client is not None:  # the client closes with the last env that shares it
-        env._client.__dict__["_orchard_env_users"] = env._client.__dict__.get("_orchard_env_users", 1) + 1
-    for name in env.per_episode_attrs:
-        setattr(child, name, None)
-    child._np_random = copy.deepcopy(env._np_random)
-    child.tools = dict(env.tools)
-    return child
-
-
 async def fork(env: SandboxEnv, n: int) -> list[SandboxEnv]:
     """`n` envs continuing from `env`'s current state; `env` itself goes on untouched."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise gym.error.Error(f"fork needs a whole number of envs >= 1, not {n!r}")
-    if env.sandbox is None or env._ctx is None or env.trajectory is None:
+    if env.sandbox is None or env.ctx is None or env.trajectory is None:
         raise gym.error.Error("fork needs a live episode: call reset() first (the env is closed or not reset)")
-    if env._done:
+    if env.done:
         raise gym.error.Error("the episode is over: fork before it ends (or reset)")
     if env.trajectory.turns and not env.forks_midway:
         raise gym.error.Error(f"{type(env).__name__} keeps episode state in processes a snapshot does not keep: "
                               "it can fork right after reset only")
     snap = await take_snapshot(env)
-    children = [clone(env) for _ in range(n)]
+    children = [env.clone() for _ in range(n)]
     try:
-        await asyncio.gather(*(restore(c, snap) for c in children))
+        await asyncio.gather(*(c.arestore(snap) for c in children))
     except BaseException:
         await asyncio.gather(*(c.aclose() for c in children), return_exceptions=True)
         raise
     finally:
-        _state(env)["owned"].remove(snap)
+        env.snapshots.owned.remove(snap)
         await snap.release()  # the children hold it now
     return children
+
+
+def add_user(client) -> None:
+    """One more env closes `client` (a fork shares the client its parent made)."""
+    client.__dict__["_orchard_env_users"] = client.__dict__.get("_orchard_env_users", 1) + 1
 
 
 def last_user(client) -> bool:
@@ -223,29 +198,29 @@ def setup_snapshot_kwargs(env: SandboxEnv, task_id: str) -> dict:
     """`create_sandbox` kwargs: restore the task's set-up snapshot when the env keeps one. The snapshot
     is taken out of the cache until the restore worked: one that fails (swept, say) is not tried again,
     the next reset sets the task up afresh."""
-    state = _state(env)
-    failed = state.pop("pending", None)
+    book = env.snapshots
+    failed, book.pending = book.pending, None
     if failed is not None:  # the last restore did not get as far as `setup_or_resume`
-        state["owned"].append(failed)
-    snap = state["setup"].pop(task_id, None) if env.snapshot_setup else None
+        book.owned.append(failed)
+    snap = book.setup.pop(task_id, None) if env.snapshot_setup else None
     if snap is None:
         return {}
-    state["pending"] = snap
+    book.pending = snap
     return {"from_snapshot": snap.snapshot_id}
 
 
 async def setup_or_resume(env: SandboxEnv, task_id: str) -> ToolContext:
     """The tool context of a fresh episode: `resume` on a restored set-up, else `setup` (and snapshot it)."""
-    state = _state(env)
-    setups = state["setup"]
-    restored = state.pop("pending", None)
+    book = env.snapshots
+    setups = book.setup
+    restored, book.pending = book.pending, None
     if restored is not None:
         setups[task_id] = restored
         env.trajectory.metadata["restored_setup"] = restored.snapshot_id
         return await env.resume(env.sandbox, env.task, restored.ctx)
     ctx = await env.setup(env.sandbox, env.task)
     if env.snapshot_setup:
-        env._ctx = ctx
+        env.ctx = ctx
         record = await env.sandbox.snapshot()
         setups[task_id] = EnvSnapshot(env, record.snapshot_id, ctx, None)
     return ctx
@@ -253,14 +228,12 @@ async def setup_or_resume(env: SandboxEnv, task_id: str) -> ToolContext:
 
 async def release_all(env: SandboxEnv, *, closing: bool) -> None:
     """Let go of the snapshot the episode was restored from; on close, of every snapshot the env took."""
-    state = env.__dict__.get("_snapshots")
-    if state is None:
-        return
-    using, state["using"] = state["using"], None
+    book = env.snapshots
+    using, book.using = book.using, None
     if using is not None:
         await using.release()
     if closing:
-        owned = state["owned"] + list(state["setup"].values()) + [s for s in [state.pop("pending", None)] if s]
-        state["owned"], state["setup"] = [], {}
+        owned = book.owned + list(book.setup.values()) + [s for s in [book.pending] if s]
+        book.owned, book.setup, book.pending = [], {}, None
         for snap in owned:
             await snap.release()

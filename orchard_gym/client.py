@@ -256,6 +256,11 @@ class AsyncSandboxClient:
         """The in-process backend object (None in remote mode)."""
         return getattr(self._control, "backend", None)
 
+    @property
+    def backend_name(self) -> str | None:
+        """"local", "docker", "kubernetes" (the in-process backend), None on an orchestrator."""
+        return getattr(self.backend, "name", None)
+
     async def create_sandbox(self, image: str | None = None, block_network: bool = True,
                              sandbox_id: str | None = None, cpu: float | None = None,
                              memory: int | str | None = None, timeout: float = DEFAULT_READY_TIMEOUT,
@@ -353,6 +358,27 @@ class AsyncSandboxClient:
 
         asyncio.run(run())
         self._owned.clear()
+
+
+def backend_name_for(backend=None, base_url: str | None = None) -> str | None:
+    """`AsyncSandboxClient(backend, base_url=base_url).backend_name` without making the client
+    (which connects to its engine): the backend's name, None on an orchestrator or for a
+    config the client would refuse (it says why when it is made)."""
+    if backend is None and base_url is None:
+        base_url = os.environ.get("ORCHARD_BASE_URL") or None
+    if base_url:
+        return None
+    from orchard_gym.backends.base import Backend
+    from orchard_gym.backends.config import parse_backend_config
+
+    if backend is None:
+        return "local"
+    if isinstance(backend, Backend):
+        return backend.name
+    try:
+        return getattr(parse_backend_config(backend), "type", None)
+    except InvalidRequest:
+        return None
 
 
 def _loop_running() -> bool:

@@ -46,7 +46,7 @@ async def main(calls: int, backend: str) -> dict:
     async with AsyncSandboxClient({"type": backend}) as client:
         env = ClawEnv(client=client, bash=True)
         await env.areset(options={"task_id": "todo-cleanup-001"})
-        sandbox, ctx, service = env.sandbox, env._ctx, env._ctx.state["service"]
+        sandbox, ctx, service = env.sandbox, env.ctx, env.ctx.state["service"]
 
         async def exec_true():
             assert (await sandbox.exec("true", timeout=30)).exit_code == 0

@@ -93,7 +93,7 @@ async def reset_times(client, n: int, release_first: bool, env_name: str = "swe"
     out = []
     for _ in range(n):
         if release_first:
-            await env._release_sandbox()
+            await env.release_sandbox()
         t = time.perf_counter()
         await env.areset(options={"task_id": task_id})
         out.append(time.perf_counter() - t)
@@ -115,7 +115,7 @@ async def pool_rows(args, config) -> list[tuple[str, list[float]]]:
     """Cold and warm, alternated in rounds so both see the same load."""
     probe = SWEEnv(client=AsyncSandboxClient(config, cleanup_at_exit=False))
     image = probe.image_for(probe.get_task(TASK))
-    await probe._client.aclose()
+    await probe.client.aclose()
     samples: dict[str, list[float]] = {}
     async with AsyncSandboxClient(config) as cold, \
             AsyncSandboxClient(config, pool={i: {"size": args.pool, "parallel": 4} for i in {image, None}}) as warm:
@@ -162,7 +162,7 @@ async def main(args) -> None:
         for fingerprint in (False, True):
             env = SWEEnv(client=client, max_steps=10**6, track_fingerprint=fingerprint)
             await env.areset(options={"task_id": TASK})
-            ctx = env._ctx
+            ctx = env.ctx
             raw = await timed(lambda: ctx.sandbox.exec("true", cwd=ctx.cwd, env=ctx.env), args.n)
             step = await timed(lambda: env.astep({"name": "bash", "arguments": {"command": "true"}}), args.n)
             rows.append(("raw sdk exec('true')", raw))

@@ -136,7 +136,7 @@ async def latency(client, steps: int, rounds: int = 5) -> dict:
         times: dict[str, list[float]] = {"env_settle0": [], "env_settle_frame": [], "bare_xdotool_plus_grab": []}
         for _ in range(rounds):
             for settle, label in ((0, "env_settle0"), ("frame", "env_settle_frame")):
-                env.settle = env._ctx.state["settle"] = settle
+                env.settle = env.ctx.state["settle"] = settle
                 for i in range(per):
                     t = time.perf_counter()
                     await env.astep({"name": "mouse_move", "arguments": {"coordinate": [0.5 + (i % 10) / 100, 0.9]}})
@@ -156,7 +156,7 @@ async def latency(client, steps: int, rounds: int = 5) -> dict:
         out["shared_frames"] = getattr(env.display, "shared_frames", False)
         # where a step's time goes: the daemon's stages (profile_ms), the request round trip as the
         # host sees it (socket, JSON, the frame to RGB), and the env's step on top of it
-        env.settle = env._ctx.state["settle"] = 0
+        env.settle = env.ctx.state["settle"] = 0
         stages: dict[str, list[float]] = {}
         for i in range(per):
             t = time.perf_counter()

@@ -127,7 +127,7 @@ GARBAGE = [
 
 def test_garbage_tool_calls_come_back_as_error_observations(env):
     env.reset(options={"task_id": "mail-reply-001"})
-    assert env.unwrapped._ctx.state["service"] is not None  # the Claw service is up
+    assert env.unwrapped.ctx.state["service"] is not None  # the Claw service is up
     for action, expect in GARBAGE:
         obs, reward, terminated, truncated, info = env.step(action)
         assert obs.startswith("Error:") and expect in obs, (action if len(str(action)) < 200 else "big", obs[:300])
@@ -144,14 +144,14 @@ def test_garbage_tool_calls_come_back_as_error_observations(env):
     assert json.loads(obs)["id"] == "m2"
     obs, reward, terminated, truncated, info = env.step({"name": "submit", "arguments": {}})
     assert terminated and not info["report"].get("service_error")
-    sent = [e for e in env.unwrapped._ctx.state["snapshot"]["state"]["mail"]["messages"] if e["folder"] == "sent"]
+    sent = [e for e in env.unwrapped.ctx.state["snapshot"]["state"]["mail"]["messages"] if e["folder"] == "sent"]
     assert sent == [] and info["report"]["calls"] == 4  # 2 refused by the service, 1 bad UTF-8, 1 read
 
 
 def _exec(env, argv):
     from orchard_gym._loop import LoopThread
 
-    ctx = env.unwrapped._ctx
+    ctx = env.unwrapped.ctx
     return LoopThread.shared().run(ctx.sandbox.exec(argv, env=ctx.env, cwd=ctx.cwd, timeout=60))
 
 

@@ -33,7 +33,7 @@ async def _run(local_root, task_id, drive, bash=True):
         await env.areset(options={"task_id": task_id})
         await drive(env)
         obs, reward, terminated, truncated, info = await env.astep({"name": "submit", "arguments": {}})
-        snap = env._ctx.state.get("snapshot")
+        snap = env.ctx.state.get("snapshot")
         await env.aclose()
     assert terminated
     return (canonical(snap["state"]) if snap else None), info["report"], (snap or {}).get("log", [])
@@ -60,7 +60,7 @@ async def _door_mcp(env):
     from mcp import ClientSession, StdioServerParameters
     from mcp.client.stdio import stdio_client
 
-    service = env._ctx.state["service"]
+    service = env.ctx.state["service"]
     # the sandbox's own launcher (`#!/bin/sh`, the agent's Python): what an MCP-capable harness runs
     params = StdioServerParameters(command=f"{service.home}/bin/claw-mcp", env={"CLAW_SOCKET": service.socket})
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -148,7 +148,7 @@ def test_service_survives_1000_random_calls_with_state_intact(local_root):
         async with AsyncSandboxClient(local(local_root)) as client:
             env = ClawEnv(client=client)
             await env.areset(options={"task_id": task.task_id})
-            service = env._ctx.state["service"]
+            service = env.ctx.state["service"]
             await env.sandbox.upload_content(json.dumps(calls).encode(), f"{service.home}/fuzz.json")
             await env.sandbox.upload_content(FUZZ.encode(), f"{service.home}/fuzz.py")
             r = await env.sandbox.exec(service.argv("fuzz.py", service.home, f"{service.home}/fuzz.json"), timeout=600)
@@ -196,9 +196,9 @@ def test_a_policy_cannot_forge_the_graded_world(local_root):
         solved.call(c["name"], c["arguments"])
 
     async def forge(env):
-        service = env._ctx.state["service"]
+        service = env.ctx.state["service"]
         pid = (await service.request({"op": "health"}))["pid"]
-        await env.sandbox.upload_content(FAKE_SERVICE.encode(), f"{env._ctx.cwd}/fake.py")
+        await env.sandbox.upload_content(FAKE_SERVICE.encode(), f"{env.ctx.cwd}/fake.py")
         py = " ".join(service.python)
         # the policy can read neither the service's memory nor its environment (non-dumpable)
         obs, *_ = await env.astep({"name": "bash", "arguments": {"command": f"cat /proc/{pid}/environ; head -c 8 /proc/{pid}/mem"}})
@@ -253,7 +253,7 @@ def test_docker_oracle_passes_idle_fails_and_cli_matches_function(image):
             await env.areset(options={"task_id": task_id})
             await drive(env)
             obs, reward, terminated, truncated, info = await env.astep({"name": "submit", "arguments": {}})
-            snap = env._ctx.state.get("snapshot")
+            snap = env.ctx.state.get("snapshot")
             await env.aclose()
         return canonical(snap["state"]), info["report"]
 

@@ -8,6 +8,7 @@ the docker test runs one MiniWoB task in scripts/build_gui_image.sh's image; the
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 
 import gymnasium as gym
@@ -24,7 +25,7 @@ from orchard_gym.envs.gui.tasks import load_tasks
 from orchard_gym.envs.rollout import run_episode
 
 from components import needs, require
-from conftest import gui_image_why_not
+from conftest import docker_engine, gui_image_why_not
 from service_helpers import short_root
 
 
@@ -150,7 +151,7 @@ def test_malformed_actions_are_observations_and_the_sandbox_lives_on(env):
 
 def test_tabs_navigation_and_the_browser_restart(env):
     env.reset(seed=2, options={"task_id": "miniwob/click-test"})
-    url = env._ctx.state["last"]["state"]["url"]
+    url = env.ctx.state["last"]["state"]["url"]
     obs, *_ = env.step({"name": "new_tab", "arguments": {}})
     assert "Tab: 1 of 2" in obs["text"] and "URL: about:blank" in obs["text"]
     obs, *_ = env.step({"name": "tab_focus", "arguments": {"index": 0}})
@@ -259,6 +260,26 @@ def test_the_image_follows_the_backend():
 
 
 @pytest.mark.docker
+@needs("docker", docker_engine()[1] or None)
+def test_a_shared_docker_client_gets_the_default_image():
+    """The bug: given a shared `client=` (as `orchard eval` and the rollout drivers give one) the
+    env read the backend off its own `backend=` kwarg only, found none, and started the GUI task
+    on the backend's bare image. The backend is now read off the client."""
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    task = load_tasks("miniwob")["miniwob/click-button"]
+
+    async def images():
+        async with AsyncSandboxClient({"type": "docker"}) as docker_client, \
+                AsyncSandboxClient({"type": "local"}) as local_client:
+            return (GUIEnv(client=docker_client, tasks="miniwob").image_for(task),
+                    GUIEnv(client=local_client, tasks="miniwob").image_for(task),
+                    GUIEnv(client=docker_client, tasks="miniwob", image="x/y:z").image_for(task))
+
+    assert asyncio.run(images()) == (DEFAULT_IMAGE, None, "x/y:z")
+
+
+@pytest.mark.docker
 @needs("docker", gui_image_why_not())
 def test_docker_miniwob_screenshot_and_oracle():
     """The GUI image on the docker backend: the daemon runs on the agent bundle's Python, the
@@ -331,7 +352,7 @@ def test_docker_desktop_task_solved_by_the_oracle():
 
     async def episode():
         async with AsyncSandboxClient({"type": "docker"}) as client:
-            env = GUIEnv(client=client, tasks="desktop", image=DEFAULT_IMAGE)
+            env = GUIEnv(client=client, tasks="desktop", image=DEFAULT_IMAGE, render_mode="rgb_array")
             oracle = env.oracle_policy().bind(env)
             seen_before = []
 
@@ -339,7 +360,7 @@ def test_docker_desktop_task_solved_by_the_oracle():
                 if not seen_before:  # before any action: the file as laid out, a real window on screen
                     home = env.sandbox.workdir or "/workspace"
                     seen_before.append((await env.sandbox.download_content(f"{home}/draft.txt"), env.display.direct,
-                                        env._frame.copy()))
+                                        env.render().copy()))
                 return await oracle(messages, tools)
 
             try:

@@ -166,7 +166,7 @@ def test_scrolls_move_the_page_by_what_the_dom_says(page):
 
 def test_go_back_returns_to_the_previous_page(page):
     env, _ = page
-    url = env._ctx.state["last"]["state"]["url"]
+    url = env.ctx.state["last"]["state"]["url"]
     obs = act(env, "goto", url=url + "?second")
     assert f"URL: {url}?second" in obs["text"]
     obs = act(env, "go_back")

@@ -81,7 +81,7 @@ def _click(env, selector: str) -> dict:
     box = run(env.display.evaluate(
         f"(() => {{ const e = document.querySelector({selector!r}); if (!e) return null;"
         "const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2, r.width]; })()"))
-    assert box is not None and box[2] > 0, f"no {selector} on {env._ctx.state['last']['state']['url']}"
+    assert box is not None and box[2] > 0, f"no {selector} on {env.ctx.state['last']['state']['url']}"
     return {"name": "left_click", "arguments": {"coordinate": [box[0] / env.width, box[1] / env.height]}}
 
 
@@ -92,7 +92,7 @@ def _solve_easy_page(env):
 
 
 def _task_server(env) -> str:
-    url = env._ctx.state["last"]["state"]["url"]
+    url = env.ctx.state["last"]["state"]["url"]
     return url.split("/miniwob/", 1)[0]
 
 

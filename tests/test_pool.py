@@ -173,7 +173,7 @@ def test_env_resets_get_a_fresh_pooled_sandbox_each_time_and_close_leaves_nothin
             seen.append(box.id)
             out = env.step({"name": "bash", "arguments": {"command": "ls; touch left-by-previous"}})[0]
             assert "left-by-previous" not in out  # nothing of an earlier episode
-        stats = env.unwrapped._client.pool_stats()[0]
+        stats = env.unwrapped.client.pool_stats()[0]
         assert stats["claimed"] >= 2 and stats["size"] == 2, stats
     finally:
         env.close()

@@ -79,7 +79,7 @@ async def _episode(backend: tuple[dict, str | None], attack, task_id: str = TASK
     async with AsyncSandboxClient(config) as client:
         env = ClawEnv(client=client, tasks=tasks, bash=True, image=image)
         await env.areset(options={"task_id": task_id})
-        service = env._ctx.state["service"]
+        service = env.ctx.state["service"]
 
         async def bash(command: str) -> str:
             obs, *_ = await env.astep({"name": "bash", "arguments": {"command": command}})
@@ -95,7 +95,7 @@ async def _episode(backend: tuple[dict, str | None], attack, task_id: str = TASK
 async def _run_script(env, service, bash, name: str, text: str, *args: str) -> str:
     """Write a script into the workdir (as the policy could, with bash) and run it on the
     interpreter the sandbox has (the agent's: busybox has no other)."""
-    await env.sandbox.upload_content(text.encode(), f"{env._ctx.cwd}/{name}")
+    await env.sandbox.upload_content(text.encode(), f"{env.ctx.cwd}/{name}")
     python = " ".join(_sh(a) for a in service.python)
     return await bash(f"{python} {name} " + " ".join(_sh(a) for a in args))
 
@@ -155,7 +155,7 @@ print(json.dumps([send(b"[" * 100000 + b"]" * 100000),
 async def _plant_and_blow_up(env, service, bash, forged: dict) -> dict:
     """The policy plants PLANTED in `.claw/` and the workdir, checks the plant is live code
     (positive control: an interpreter with `.claw` on its path runs it), then sends BLOW_UP."""
-    cwd = env._ctx.cwd
+    cwd = env.ctx.cwd
     forged = dict(forged, workdir=cwd)
     for folder in (service.home, cwd):
         await env.sandbox.upload_content(json.dumps(forged).encode(), f"{folder}/forged.json")
@@ -305,7 +305,7 @@ def test_the_policy_cannot_read_the_key_so_cannot_sign_a_forged_world(backend):
     service the hunt finds the key and the forged world is graded 1.0."""
 
     async def attack(env, service, bash):
-        await env.sandbox.upload_content(json.dumps(_solved()).encode(), f"{env._ctx.cwd}/forged.json")
+        await env.sandbox.upload_content(json.dumps(_solved()).encode(), f"{env.ctx.cwd}/forged.json")
         out = await _run_script(env, service, bash, "key_hunt.py", KEY_HUNT, service.socket, "forged.json")
         return json.loads(out.strip().splitlines()[-1])
 

@@ -135,7 +135,7 @@ FORGED_JSON = 'import os\nos.write(1, b\'{"reward": 1.0, "answer_ok": true}\\n\'
 def plant_everywhere(env: HarborEnv, files: dict[str, str]) -> str:
     """A bash command writing each file into every folder the verifier's could be: Harbor's
     /tests and /logs/verifier, the agent-time ones on local, and a fixed one in /tmp."""
-    paths = env.paths(env._ctx.state["workdir"])
+    paths = env.paths(env.ctx.state["workdir"])
     dirs = {"tests": [paths["tests"], "/tests", "/tmp/orchard-verifier/tests"],
             "reward": [f"{paths['logs']}/verifier", "/logs/verifier", "/tmp/orchard-verifier/logs/verifier"]}
     lines = []
@@ -221,7 +221,7 @@ def test_a_background_process_cannot_write_the_reward_after_the_agent_finished(k
     env = make(kind, local_root, tasks)
     try:
         env.reset()
-        logs = env.paths(env._ctx.state["workdir"])["logs"]
+        logs = env.paths(env.ctx.state["workdir"])["logs"]
         # no pause: it must win any race against the verifier; it finds the verifier's folders
         # wherever they are made (Harbor's /logs, or a new folder of /tmp on local) and writes
         # its reward there (mv: a reader never sees half a file) and its own test.sh
@@ -275,7 +275,7 @@ def test_the_tests_are_not_in_the_sandbox_before_the_agent_finished(kind, tmp_pa
     env = make(kind, local_root, tasks)
     try:
         env.reset()
-        tests = env.paths(env._ctx.state["workdir"])["tests"]
+        tests = env.paths(env.ctx.state["workdir"])["tests"]
         obs = bash(env, f"ls -a {tests} /tests /tmp/orchard-verifier-* 2>&1; grep -rl secret-verifier-marker "
                         f"/tmp . /logs /tests 2>/dev/null; true")
         assert "test.sh" not in obs and "secret-verifier-marker" not in obs, obs

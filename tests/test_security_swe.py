@@ -115,7 +115,7 @@ class Outcome:
 
 async def grade_in_policy_sandbox(env: SWEEnv, task) -> bool:
     """The grader as it was: test files back, test patch, test_cmd, all inside the policy's sandbox."""
-    ctx = env._ctx
+    ctx = env.ctx
     restore = " ; ".join(f"git checkout HEAD -- {shlex.quote(f)} 2>/dev/null || rm -f {shlex.quote(f)}"
                          for f in task.test_files)
     await ctx.sandbox.exec(restore, cwd=ctx.cwd, timeout=60)

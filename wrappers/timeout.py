@@ -56,21 +56,8 @@ class WallClockTimeout(AsyncWrapper):
         reason = f"timeout: the rollout ran past its wall-clock budget of {self.max_seconds:g}s"
         self._deadline = time.monotonic()  # every later step expires at once, until reset
         target = self.env.unwrapped
-        if hasattr(target, "abort"):
+        if hasattr(target, "abort"):  # a SandboxEnv or a HarnessEnv: kill what runs, mark the episode
             obs, _, _, _, info = await target.abort(reason)
         else:
-            obs, info = await _abort_sandbox_env(target, reason), {}
+            obs, info = "", {}
         return obs, 0.0, False, True, {**info, "error": reason}
-
-
-async def _abort_sandbox_env(env: Any, reason: str) -> str:
-    """What `abort` is for an env without one: a SandboxEnv's episode is marked and its
-    sandbox (with everything running in it) deleted."""
-    trajectory = getattr(env, "trajectory", None)
-    if trajectory is not None and trajectory.error is None:
-        trajectory.error = reason
-        if hasattr(env, "_finish"):
-            env._finish(0.0, {}, terminated=False, truncated=True)
-    if hasattr(env, "_release_sandbox"):
-        await env._release_sandbox()
-    return getattr(env, "_last_obs", "")

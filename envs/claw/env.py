@@ -103,13 +103,13 @@ class ClawEnv(SandboxEnv):
                  max_steps: int = 40, exec_timeout: float = 60.0,
                  sandbox_cpu: float | None = 2.0, sandbox_memory: str | int | None = "2g", **kwargs: Any):
         self._tasks = self.tasks_from(tasks=tasks)
-        # the papers' Claw sandboxes: 2 vCPU / 2 GiB (None: the backend's default)
-        self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
         self.with_bash, self.image = bash, image
         if judge is not None:
             parse_spec(judge, what="judge=")
         self.judge, self.judge_api_key = judge, judge_api_key
-        super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, **kwargs)
+        # the papers' Claw sandboxes: 2 vCPU / 2 GiB (None: the backend's default)
+        super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, sandbox_cpu=sandbox_cpu,
+                         sandbox_memory=sandbox_memory, **kwargs)
 
     def make_tools(self) -> list[Tool]:
         schemas = {}
@@ -133,9 +133,6 @@ class ClawEnv(SandboxEnv):
 
     def task_ids(self) -> list[str]:
         return sorted(self._tasks)
-
-    def sandbox_size(self, task: Any) -> dict:
-        return self._size
 
     def get_task(self, task_id: str) -> ClawTask:
         return self._tasks[task_id]

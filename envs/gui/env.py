@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import time
 from typing import Any
 
 import gymnasium as gym
@@ -30,7 +29,6 @@ from gymnasium import spaces
 
 from orchard_gym.client import AsyncSandboxInstance
 from orchard_gym.errors import OrchardError, SandboxFailed
-from orchard_gym.trajectory import Trajectory
 
 from ..base import SandboxEnv
 from ..spaces import UnicodeText
@@ -79,8 +77,7 @@ class GUIEnv(SandboxEnv):
     def __init__(self, *, tasks: Any = "builtin", width: int = 1280, height: int = 720,
                  coordinates: str = "normalized", settle: str | float = "frame", reuse_browser: bool = True,
                  image: str | None = None, miniwob_dir: str | None = None, max_steps: int = 30,
-                 render_mode: str | None = None, sandbox_cpu: float | None = None,
-                 sandbox_memory: str | int | None = None, **kwargs: Any):
+                 **kwargs: Any):
         if coordinates not in ("normalized", "pixels"):
             raise gym.error.Error(f"coordinates must be 'normalized' or 'pixels', not {coordinates!r}")
         if not (64 <= int(width) <= 7680 and 64 <= int(height) <= 4320):
@@ -94,11 +91,7 @@ class GUIEnv(SandboxEnv):
         self.width, self.height = int(width), int(height)
         self.coordinates, self.settle, self.reuse_browser = coordinates, settle, reuse_browser
         self.image, self.miniwob_dir = image, miniwob_dir
-        self._size = {k: v for k, v in (("cpu", sandbox_cpu), ("memory", sandbox_memory)) if v is not None}
-        super().__init__(max_steps=max_steps, render_mode=None, **kwargs)
-        if render_mode not in (None, "ansi", "rgb_array"):
-            raise gym.error.Error(f"render_mode must be None, 'ansi' or 'rgb_array', not {render_mode!r}")
-        self.render_mode = render_mode
+        super().__init__(max_steps=max_steps, **kwargs)
         self.text_space = UnicodeText(20_000)
         self.observation_space = spaces.Dict({
             "screenshot": spaces.Box(0, 255, (self.height, self.width, 3), np.uint8),
@@ -126,15 +119,8 @@ class GUIEnv(SandboxEnv):
     def image_for(self, task: GUITask) -> str | None:
         if self.image:
             return self.image
-        backend = self._client_args["backend"]
-        if backend is None and self._client is not None:  # a shared client (trainer adapters, GRPO): its backend's
-            backend = getattr(self._client.backend, "name", None)
-        kind = backend.get("type") if isinstance(backend, dict) else getattr(backend, "type", backend)
         # container backends need the GUI stack in the image; the local backend runs the host's
-        return DEFAULT_IMAGE if kind in ("docker", "kubernetes") else None
-
-    def sandbox_size(self, task: GUITask) -> dict:
-        return self._size
+        return DEFAULT_IMAGE if self.backend_name() in ("docker", "kubernetes") else None
 
     def _miniwob_dir(self, sandbox: AsyncSandboxInstance) -> str:
         if self.miniwob_dir:
@@ -219,14 +205,14 @@ class GUIEnv(SandboxEnv):
 
     # ------------------------------------------------------------------ observations
     def _observe(self, result: str) -> dict:
-        frame = self._ctx.state.get("frame") if self._ctx else None
+        frame = self.ctx.state.get("frame") if self.ctx else None
         if frame is not None:
             self._frame = frame
         # each step's frame is a new array, handed out as it is; a frame shown again (an action
         # that failed keeps the last one) is copied, so what a caller kept never changes under it
         fresh = self._frame is not self._handed_out
         self._handed_out = self._frame
-        state = (self._ctx.state.get("last") or {}).get("state", {}) if self._ctx else {}
+        state = (self.ctx.state.get("last") or {}).get("state", {}) if self.ctx else {}
         where = []
         if "url" in state:
             where.append(f"URL: {state['url']}")
@@ -238,42 +224,25 @@ class GUIEnv(SandboxEnv):
         # a copy: an action that failed shows the last frame again, and callers keep what they get
         return {"screenshot": self._frame if fresh else self._frame.copy(), "text": self._last_obs}
 
-    def _can_reuse(self, task: GUITask) -> bool:
-        return (self.reuse_browser and task.kind == "miniwob" and self.sandbox is not None
-                and self.display is not None and isinstance(self.task, GUITask) and self.task.kind == "miniwob")
+    async def reuse_sandbox(self, task: GUITask) -> ToolContext | None:
+        """A browser task after a browser task: the page reloaded in the same sandbox (None: a new one)."""
+        if not (self.reuse_browser and task.kind == "miniwob" and self.display is not None
+                and isinstance(self.task, GUITask) and self.task.kind == "miniwob"):
+            return None
+        try:
+            await self.display.load(self._page_config(task))
+            return await self._context(self.sandbox, task)
+        except (DisplayError, OrchardError):
+            return None  # the old sandbox is unwell: start a fresh one
 
     async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[dict, dict]:
-        if options and options.get("snapshot") is not None:  # envs/forking.py; `resume` restarts the display
-            obs, info = await super().areset(seed=seed, options=options)
-            return self._observe(obs), info
-        gym.Env.reset(self, seed=seed)
-        task_id = self._choose_task(options)
-        task = self.get_task(task_id)
-        if self._can_reuse(task):
-            try:
-                await self.display.load(self._page_config(task))
-                self.task, self._done = task, False
-                self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id, sandbox_id=self.sandbox.sandbox_id)
-                self.trajectory.metadata["warm_reset"] = True
-                self._started = time.monotonic()
-                self._ctx = await self._context(self.sandbox, task)
-                obs = self._observe(self.first_observation(task))
-                return obs, self._info(tools=self.tool_schemas, sandbox_id=self.sandbox.sandbox_id)
-            except (DisplayError, OrchardError):
-                pass  # the old sandbox is unwell: start a fresh one
-        await self._release_sandbox()
-        text, info = await super().areset(seed=None, options={"task_id": task_id})
+        text, info = await super().areset(seed=seed, options=options)
         return self._observe(text), info
 
     async def astep(self, action: Any) -> tuple[dict, float, bool, bool, dict]:
         text, reward, terminated, truncated, info = await super().astep(action)
-        report = info.get("report") or {}
-        if report.get("error_kind") and self.trajectory.error is None:
-            # a page that could not be read is not a failed policy: trainers drop the episode
-            self.trajectory.error = info["error"] = f"grading: {report['error']}"
-            self.trajectory.error_kind = report["error_kind"]
-        if self.trajectory is not None and self._ctx is not None:
-            crashes = self._ctx.state.get("crashes")
+        if self.trajectory is not None and self.ctx is not None:
+            crashes = self.ctx.state.get("crashes")
             if crashes:
                 self.trajectory.metadata["browser_restarts"] = list(crashes)
         return self._observe(text), reward, terminated, truncated, info
@@ -283,11 +252,11 @@ class GUIEnv(SandboxEnv):
         await sandbox.exec(["rm", "-f", f"{sandbox.workdir or '/workspace'}/.gui/gui.sock"], timeout=30)
         return await self.setup(sandbox, task)
 
-    async def _release_sandbox(self) -> None:
+    async def release_sandbox(self) -> None:
         if self.display is not None:
             self.display.close()
             self.display = None
-        await super()._release_sandbox()
+        await super().release_sandbox()
 
     def render(self):
         if self.render_mode == "rgb_array":

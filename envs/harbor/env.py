@@ -173,12 +173,8 @@ class HarborEnv(SandboxEnv):
     def get_task(self, task_id: str) -> HarborTask:
         return self._tasks[task_id]
 
-    def _backend(self):
-        return getattr(self._client, "backend", None)
-
     def _is_local(self) -> bool:
-        backend = self._backend()
-        return backend is not None and backend.name == "local"
+        return self.backend_name() == "local"
 
     def image_for(self, task: HarborTask) -> str | None:
         if self._is_local():
@@ -186,7 +182,7 @@ class HarborEnv(SandboxEnv):
                 reason = next((w for w in task.warnings if w.startswith("local backend cannot")),
                               "it has no environment/Dockerfile (only [environment] docker_image)")
                 raise gym.error.Error(f"Harbor task {task.task_id}: {reason}; run it with backend={{'type': 'docker'}}")
-            if not getattr(self._backend(), "bwrap", None):  # isolation "bwrap", or "auto" with bwrap there
+            if not getattr(self.client.backend, "bwrap", None):  # isolation "bwrap", or "auto" with bwrap there
                 raise gym.error.Error(f"Harbor task {task.task_id}: the local backend needs isolation='bwrap' "
                                       f"(a PID namespace, so the policy's processes can be killed before the "
                                       f"verifier runs), or use backend={{'type': 'docker'}}")
@@ -197,7 +193,7 @@ class HarborEnv(SandboxEnv):
             return None
         return self._images[task.task_id]
 
-    def sandbox_size(self, task: HarborTask) -> dict:
+    def task_size(self, task: HarborTask) -> dict:
         s = task.settings
         size: dict[str, Any] = {"block_network": self.network == "off" or not s.internet}
         if s.cpus is not None:
@@ -206,42 +202,29 @@ class HarborEnv(SandboxEnv):
             size["memory"] = s.memory_mb * 1024 * 1024
         return size
 
-    async def areset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-        # choose the task here so that its image is built off the event loop, before the base reset
-        gym.Env.reset(self, seed=seed)
-        task_id = self._choose_task(options)
-        task = self.get_task(task_id)
+    async def before_sandbox(self, task: HarborTask) -> None:
+        """The task's budget and, on docker, its image (built off the event loop)."""
         self.max_seconds = self._max_seconds if self._max_seconds is not None else task.agent_timeout
-        await self._get_client()
         self.snapshot_setup = self._is_local() if self._snapshot_choice is None else self._snapshot_choice
         if not self._is_local():
-            backend = self._backend()
-            if backend is None or backend.name != "docker":
+            name = self.backend_name()
+            if name != "docker":
                 raise gym.error.Error(f"Harbor tasks need the local or the docker backend, not "
-                                      f"{getattr(backend, 'name', 'an orchestrator')} (images are built with the docker SDK)")
-            self._images[task_id] = await run_in_thread(ensure_image, task, backend.base_url)
-        obs, info = await super().areset(options={**(options or {}), "task_id": task_id})
-        # the agent's time starts now, after set-up (as in Harbor): every command is killed when it is up
-        self._started = time.monotonic()
-        self._ctx.state["deadline"] = self._started + self.max_seconds if self.max_seconds is not None else None
-        return obs, info
+                                      f"{name or 'an orchestrator'} (images are built with the docker SDK)")
+            self._images[task.task_id] = await run_in_thread(ensure_image, task, self.client.backend.base_url)
 
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
-        obs, reward, terminated, truncated, info = await super().astep(action)
-        report = info.get("report") or {}
-        if report.get("error_kind") and self.trajectory.error is None:
-            # a task that cannot be graded is not a failed agent: trainers drop it
-            self.trajectory.error = info["error"] = f"grading: {report['error']}"
-            self.trajectory.error_kind = report["error_kind"]
-        return obs, reward, terminated, truncated, info
+    def on_ready(self, ctx: ToolContext, task: HarborTask) -> None:
+        # the agent's time starts now, after set-up (as in Harbor): every command is killed when it is up
+        self.restart_clock()
+        ctx.state["deadline"] = time.monotonic() + self.max_seconds if self.max_seconds is not None else None
 
     def context(self) -> ToolContext:
         """The episode's sandbox, working directory and set-up environment (after reset): what a
         runner other than this env's tools (Harbor's own, orchard_gym.integrations.harbor_environment)
         runs commands with."""
-        if self._ctx is None:
+        if self.ctx is None:
             raise gym.error.ResetNeeded("call reset() first")
-        return self._ctx
+        return self.ctx
 
     # ------------------------------------------------------------------ paths
     def image_workdir(self, task: HarborTask) -> str:
@@ -384,7 +367,7 @@ class HarborOraclePolicy:
 
     def command(self) -> str:
         env, task = self.env, self.env.task
-        workdir = env._ctx.state["workdir"]
+        workdir = env.ctx.state["workdir"]
         dest = env.paths(workdir)["solution"]
         scripts = lambda p: env.rewrite(p.read_text(), workdir).encode() if p.suffix in (".sh", ".py") else None
         archive = tar_folder(task.root / "solution", scripts)

@@ -137,8 +137,7 @@ class SWEEnv(SandboxEnv):
     def _runtime(self) -> str:
         if self.runtime != "auto":
             return self.runtime
-        backend = getattr(self._client, "backend", None)
-        return "host" if backend is not None and backend.name == "local" else "image"
+        return "host" if self.backend_name() == "local" else "image"
 
     def image_for(self, task: SWETask) -> str | None:
         return task.image if task.in_image or self._runtime() != "host" else None
@@ -314,8 +313,8 @@ class SWEEnv(SandboxEnv):
     @contextlib.asynccontextmanager
     async def _fresh_sandbox(self, task: SWETask):
         """A new sandbox of `task` at its base state, deleted on the way out whatever happens."""
-        client = await self._get_client()
-        box = await client.create_sandbox(image=self.image_for(task))
+        client = await self.get_client()
+        box = await client.create_sandbox(**self.sandbox_spec(task))
         try:
             yield await self.setup(box, task)
         finally:
@@ -353,16 +352,6 @@ class SWEEnv(SandboxEnv):
         report.setdefault("dropped", run.dropped)
         report.setdefault("test_output_tail", run.tail)
         return report
-
-    async def astep(self, action: Any) -> tuple[str, float, bool, bool, dict]:
-        obs, reward, terminated, truncated, info = await super().astep(action)
-        report = info.get("report") or {}
-        if report.get("error_kind") and self.trajectory.error is None:
-            # a task that cannot be graded is not a failed agent: trainers drop it, eval counts it apart
-            self.trajectory.error = f"grading: {report['error']}"
-            self.trajectory.error_kind = report["error_kind"]
-            info["error"] = self.trajectory.error
-        return obs, reward, terminated, truncated, info
 
 
 async def _base_text(ctx: ToolContext, path: str) -> str | None:

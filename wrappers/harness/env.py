@@ -50,7 +50,7 @@ import time
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
-from orchard_gym.envs.base import INFRA_ERRORS, SandboxEnv
+from orchard_gym.envs.base import INFRA_ERRORS, SandboxEnv, grading_error
 from orchard_gym.envs.spaces import UnicodeText
 
 from orchard_gym._loop import LoopThread, run_in_thread
@@ -291,7 +291,7 @@ class HarnessEnv(gym.Env):
         t.reward, t.report, t.error = (0.0 if error else float(reward)), report or {}, error
         t.terminated, t.truncated, t.ended_at = terminated, truncated, time.time()
         await self._drop_harness_task()
-        await self.task_env._release_sandbox()  # charges its sandboxes to t (see areset)
+        await self.task_env.release_sandbox()  # charges its sandboxes to t (see areset)
         charge_calls(t, self._record.calls if self._record else [])  # tokens, from the proxy's records
         info = self._info(**extra)
         if error:
@@ -306,12 +306,12 @@ class HarnessEnv(gym.Env):
 
     async def _grade(self, terminated: bool, truncated: bool, **extra) -> tuple:
         try:
-            reward, report = await self.task_env.grade(self.task_env._ctx, self.task_env.task)
+            reward, report = await self.task_env.grade(self.task_env.ctx, self.task_env.task)
         except INFRA_ERRORS as e:
             return await self._end(None, f"grading failed: {type(e).__name__}: {e}", truncated=True)
-        if report.get("error_kind"):  # a task that cannot be graded (e.g. SWE's broken tasks): dropped, not 0.0
+        if grading_error(report):  # a task that cannot be graded (e.g. SWE's broken tasks): dropped, not 0.0
             self.trajectory.error_kind = report["error_kind"]
-            return await self._end(None, f"grading: {report['error']}", report, terminated=terminated,
+            return await self._end(None, grading_error(report), report, terminated=terminated,
                                    truncated=truncated, **extra)
         return await self._end(reward, None, report, terminated=terminated, truncated=truncated, **extra)
 
@@ -343,9 +343,9 @@ class HarnessEnv(gym.Env):
         await self._abandon("reset before the episode ended")
         te = self.task_env
         gym.Env.reset(te, seed=seed)  # the task env draws the task from its own seeded generator
-        task_id = te._choose_task(options)
+        task_id = te.choose_task(options)
         task = te.get_task(task_id)
-        client = await te._get_client()
+        client = await te.get_client()
         await self._get_proxy()
         venv = await run_in_thread(self.harness.install)
         npm = await run_in_thread(self.harness.install_npm)
@@ -358,10 +358,10 @@ class HarnessEnv(gym.Env):
         self._record = rollout.record
         try:
             te.task = task
-            te.sandbox = await client.create_sandbox(image=te.image_for(task), block_network=self.network != "host")
+            te.sandbox = await client.create_sandbox(**{**te.sandbox_spec(task), "block_network": self.network != "host"})
             self.trajectory.sandbox_id = te.sandbox.sandbox_id
-            te._ctx = await te.setup(te.sandbox, task)
-            await self._launch(te.sandbox, te._ctx, task, venv, npm)
+            te.ctx = await te.setup(te.sandbox, task)
+            await self._launch(te.sandbox, te.ctx, task, venv, npm)
             kind, value = await self._next_event()
         except BaseException as e:
             await self._end(None, f"reset failed: {type(e).__name__}: {e}", truncated=True)
