@@ -24,6 +24,8 @@ FOLDERS = ("orchard_gym", "backends", "envs", "wrappers", "algos", "scripts", "t
 NOT_AN_ENV = {
     ("tests/test_integrations_trl.py", "env._on_loop"): "TRL's OrchardEnvironment (integrations/trl.py), not a SandboxEnv",
     ("tests/test_integrations_trl.py", "env._episode"): "TRL's OrchardEnvironment: the test kills the sandbox under it",
+    ("tests/test_integrations_gui.py", "env._episode"): "TRL's OrchardEnvironment: the oracle reads its episode's page",
+    ("tests/test_integrations_gui.py", "env._observation"): "the OpenEnv-v0 client env's decoding, tested without a server",
 }
 ENV_NAME = re.compile(r"(^|_)env$|^env_|_env_")  # env, task_env, root_env, self.env, env_2 ...
 
