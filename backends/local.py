@@ -115,7 +115,11 @@ class LocalBackend(Backend):
         self._warned_image = False
         _compile_agent()
         self._starting: dict[str, SandboxSpec] = {}  # created here, not ready yet: what a restart needs
-        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client)
+        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client,
+                                            layered=self.config.snapshots != "copy")
+        if self.config.snapshots == "layers" and self.snapshots.layers is None:
+            raise BackendError(f"snapshots='layers' but overlay layers cannot be used here: "
+                               f"{self.snapshots.no_layers_reason}")
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
     def _warn_image_as_host(self, image: str) -> None:
@@ -170,12 +174,17 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        # a fork's workdir is an overlay of its snapshot's layers (snapshots_local.py): what it
+        # writes, and so the size cap, is its upper folder in `rw`
+        layered = spec.from_snapshot is not None and self.snapshots.layers is not None
+        writable = home / "rw" if layered else work
+        writable.mkdir(exist_ok=True)
         if not self.no_workdir_limit:  # before anything is written there (a snapshot's tree)
-            self._limit_workdir(home, work)
+            self._limit_workdir(home, writable)
         source = None
         if spec.from_snapshot is not None:
             try:
-                source = self.snapshots.restore(spec.from_snapshot, work)
+                source = self.snapshots.restore(spec.from_snapshot, work, writable if layered else None, sandbox_id)
             except BaseException:
                 _remove_quietly(home)
                 raise
@@ -205,6 +214,8 @@ class LocalBackend(Backend):
         }
         if source is not None and isolation == "bwrap":  # at the snapshot's path, so absolute paths hold
             meta["sandbox_workdir"] = source["workdir"]
+        if source is not None and "upper" in source:  # the layers it holds, where its changes go
+            meta["layers"], meta["upper"] = source["layers"], source["upper"]
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
@@ -217,13 +228,15 @@ class LocalBackend(Backend):
             if cgroup:
                 cgroup.remove()
             _remove_quietly(home)
+            self.snapshots.release_sandbox(meta)
             raise BackendError(f"cannot start the agent: {e}") from e
         self._starting[sandbox_id] = spec
         return self._record(meta, status="pending")
 
     def _limit_workdir(self, home: Path, work: Path) -> None:
-        """Mount the size-capped workdir. Asked for in the config, a failure fails the create;
-        as the default it is said once and this backend's sandboxes go on without it."""
+        """Mount the size-capped workdir (a fork's: the folder of its overlay's upper). Asked for
+        in the config, a failure fails the create; as the default it is said once and this
+        backend's sandboxes go on without it."""
         try:
             workdir_fs.make(home / "work.img", work, self.workdir_size)
         except BackendError as e:
@@ -496,6 +509,7 @@ class LocalBackend(Backend):
             except subprocess.TimeoutExpired:
                 log.warning("sandbox %s: agent did not exit after SIGKILL", meta["sandbox_id"])
         self._discard(Path(meta["workdir"]).parent)
+        self.snapshots.release_sandbox(meta)  # the layers it was forked from, unless others hold them
 
     def _discard(self, home: Path) -> None:
         """Remove a sandbox's folder, whatever its processes left there (fstree.py). It is
