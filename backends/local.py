@@ -37,7 +37,7 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
 from orchard_gym.models import HOST_IMAGES, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
-from . import fstree, local_view, procs, workdir_fs
+from . import fstree, local_view, procs, snapshot_attach, workdir_fs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
@@ -589,6 +589,26 @@ class LocalBackend(Backend):
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    @property
+    def loads_snapshots(self) -> bool:
+        """Whether a running sandbox can take a snapshot's files (snapshot_attach.py): layers,
+        and a sandbox whose namespace pid the backend knows (zygote) or none at all."""
+        return self.snapshots.layers is not None and (self.zygote is not None or not self.bwrap)
+
+    async def load_snapshot(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        if not self.loads_snapshots or meta.get("spawner") == "bwrap" or meta.get("layers"):
+            raise InvalidRequest(f"sandbox {sandbox_id} cannot take a snapshot's files (only an untouched one, "
+                                 f"with overlay layers and the zygote: {self.snapshots.no_layers_reason or 'ok'})")
+        try:
+            meta.update(await asyncio.to_thread(snapshot_attach.load_into, self.snapshots, meta, snapshot_id))
+        except ValueError as e:
+            raise InvalidRequest(f"sandbox {sandbox_id}: {e}") from None
+        _write_json(Path(meta["workdir"]).parent / "meta.json", meta)
+        return self._record(meta)
 
     async def list_snapshots(self) -> list[SnapshotRecord]:
         return await asyncio.to_thread(self.snapshots.list)

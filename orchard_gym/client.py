@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -270,11 +271,26 @@ class AsyncSandboxClient:
                           cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {},
                           from_snapshot=from_snapshot)
         record = await self._pools.claim(spec) if self._pools else None
+        if record is None and spec.from_snapshot is not None and self._pools and self._control.loads_snapshots:
+            record = await self._fork_from_pool(spec)
         if record is None:  # no pool of this spec, or none ready
             record = await self._control.create(spec, wait_ready, timeout)
         instance = AsyncSandboxInstance(self, record)
         self._owned[record.sandbox_id] = instance
         return instance
+
+    async def _fork_from_pool(self, spec: SandboxSpec) -> SandboxRecord | None:
+        """A warm sandbox of the spec's pool given the snapshot's files (the local backend's
+        layers: docs/snapshots.md); None when none is ready."""
+        record = await self._pools.claim(spec.model_copy(update={"from_snapshot": None}))
+        if record is None:
+            return None
+        try:
+            return await self._control.load_snapshot(record.sandbox_id, spec.from_snapshot)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._control.delete(record.sandbox_id)
+            raise
 
     async def wait_pools(self, timeout: float = DEFAULT_READY_TIMEOUT) -> bool:
         """Start the warm pools and wait until each is full; False on timeout."""

@@ -146,3 +146,49 @@ def test_snapshots_setting_garbage_is_refused(local_root):
     for bad in ("overlay", "", None, 1):
         with pytest.raises(ValidationError, match="snapshots"):
             LocalBackendConfig(root=local_root, snapshots=bad)
+
+
+@needs_bwrap
+def test_a_warm_pool_serves_forks(local_root):
+    """With a pool, create_sandbox(from_snapshot=...) takes a warm sandbox and mounts the
+    snapshot's layers into it (backends/snapshot_attach.py): its files at its own workdir and
+    at the snapshot's path, its writes its own, the layers let go when it goes."""
+    from orchard_gym import InvalidRequest
+
+    with SandboxClient({"type": "local", "root": str(local_root), "isolation": "bwrap", "snapshots": "layers"},
+                       pool={None: 2}) as client:
+        assert client.wait_pools(120)
+        parent = client.create_sandbox()
+        out(parent, "mkdir -p repo && echo v1 > repo/a && pwd > where")
+        snap = parent.snapshot()
+        assert client.wait_pools(120)
+        pooled = set(client._async._pools.idle_ids())
+        a = client.create_sandbox(from_snapshot=snap.snapshot_id)
+        b = client.create_sandbox(from_snapshot=snap.snapshot_id)
+        assert {a.sandbox_id, b.sandbox_id} == pooled  # both were warm ones
+        assert out(a, "cat repo/a where") == f"v1\n{parent.workdir}\n"
+        assert out(a, f"cat {parent.workdir}/repo/a") == "v1\n"  # absolute paths of the snapshot hold
+        out(a, "echo a > repo/a && touch only-a")
+        assert out(b, f"cat repo/a {parent.workdir}/repo/a; test ! -e only-a && echo no-a") == "v1\nv1\nno-a\n"
+        assert out(parent, "cat repo/a; test ! -e only-a && echo no-a") == "v1\nno-a\n"
+        snap_a = a.snapshot()  # a pool-served fork snapshots what it changed
+        assert snap_a.size_bytes < 1024 * 1024
+        c = client.create_sandbox(from_snapshot=snap_a.snapshot_id)
+        assert out(c, "cat repo/a; ls only-a") == "a\nonly-a\n"
+        # garbage: a used sandbox, a bad id, a missing snapshot (the claimed warm sandbox is not leaked)
+        control = client._async._control
+        with pytest.raises(InvalidRequest, match="untouched"):
+            client._loop.run(control.load_snapshot(parent.sandbox_id, snap.snapshot_id))
+        with pytest.raises(InvalidRequest, match="snapshot id"):
+            client._loop.run(control.load_snapshot(parent.sandbox_id, "../x"))
+        assert client.wait_pools(120)
+        before = {r.sandbox_id for r in client.list_sandboxes()}
+        with pytest.raises(SnapshotNotFound):
+            client.create_sandbox(from_snapshot="snap-0123456789abcdef")
+        assert client.wait_pools(120)
+        assert len({r.sandbox_id for r in client.list_sandboxes()}) == len(before)
+        for box in (a, b, c, parent):
+            box.delete()
+        client.delete_snapshot(snap.snapshot_id)
+        client.delete_snapshot(snap_a.snapshot_id)
+        assert _layers(local_root) == []
