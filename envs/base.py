@@ -15,6 +15,7 @@ its trajectory is marked so trainers drop it.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -177,7 +178,7 @@ class SandboxEnv(gym.Env):
         if options and options.get("snapshot") is not None:
             return await forking.restore(self, options["snapshot"], seed)
         super().reset(seed=seed)
-        await self._release_sandbox()
+        await self._release_sandbox(background=True)  # the last episode's sandbox goes while this one starts
         task_id = self._choose_task(options)
         self.task = self.get_task(task_id)
         client = await self._get_client()
@@ -254,13 +255,21 @@ class SandboxEnv(gym.Env):
         self.trajectory.terminated, self.trajectory.truncated = terminated, truncated
         self.trajectory.ended_at = time.time()
 
-    async def _release_sandbox(self) -> None:
+    async def _release_sandbox(self, background: bool = False) -> None:
+        """Delete the episode's sandbox, its usage charged to the episode's ledger. `background`
+        (a reset): the usage is read now, the removal (a delete's slow part: killing, unmounting,
+        freeing its disk) goes on while the next episode starts, and is awaited by the next
+        release or close, so at most one is in flight per env."""
         sandbox, self.sandbox, self._ctx = self.sandbox, None, None
+        pending = self.__dict__.pop("_deleting", None)
+        if pending is not None:
+            await pending
         if sandbox is not None:
-            try:
-                await sandbox.delete()
-            except OrchardError:
-                pass  # already gone
+            if background:
+                await sandbox.collect_usage()
+                self.__dict__["_deleting"] = asyncio.ensure_future(_delete_quietly(sandbox))
+            else:
+                await _delete_quietly(sandbox)
             charge_sandbox(self.trajectory, sandbox)  # its usage, read by delete(), into the episode's ledger
         await forking.release_all(self, closing=False)
 
@@ -301,3 +310,10 @@ class SandboxEnv(gym.Env):
         if self.render_mode == "ansi":
             return self._last_obs
         return None
+
+
+async def _delete_quietly(sandbox) -> None:
+    try:
+        await sandbox.delete()
+    except OrchardError:
+        pass  # already gone

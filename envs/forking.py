@@ -177,6 +177,7 @@ def clone(env: SandboxEnv) -> SandboxEnv:
     """A new env of the same class and settings with no episode, sharing the client."""
     child = copy.copy(env)
     child.__dict__.pop("_snapshots", None)
+    child.__dict__.pop("_deleting", None)  # the parent's last sandbox, still being deleted: the parent's
     child.sandbox, child._ctx, child.trajectory, child.task = None, None, None, None
     if env._owns_client and env._client is not None:  # the client closes with the last env that shares it
         env._client.__dict__["_orchard_env_users"] = env._client.__dict__.get("_orchard_env_users", 1) + 1

@@ -194,12 +194,16 @@ class AsyncSandboxInstance:
         """Delete the sandbox; its usage so far (CPU, peak memory, wall time) is read first into
         `self.usage` (see orchard_gym.ledger; off with `client.account_usage = False`)."""
         self.stop_heartbeat()
+        await self.collect_usage()
+        await self._client.delete_sandbox(self.sandbox_id)
+        self.record.status = "deleted"
+
+    async def collect_usage(self) -> None:
+        """Read the sandbox's usage so far into `self.usage` (once), as delete() does first."""
         if self._client.account_usage and self.usage is None and self.record.status != "deleted":
             from .ledger import collect
 
             self.usage = await collect(self)
-        await self._client.delete_sandbox(self.sandbox_id)
-        self.record.status = "deleted"
 
     async def __aenter__(self) -> AsyncSandboxInstance:
         return self

@@ -139,7 +139,8 @@ def copy_methods(n: int, task_id: str) -> dict[str, list[float] | str]:
     return out
 
 
-async def bench_changed(config: dict, image: str | None, n: int, size_mib: int, change_mib: int) -> dict:
+async def bench_changed(config: dict, image: str | None, n: int, size_mib: int, change_mib: int,
+                        pool: int = 0) -> dict:
     """Snapshot and fork of a big workdir after a small change (issue 31): a sandbox writes
     `size_mib` MiB and is snapshotted (the set-up, once); a fork of it changes `change_mib` MiB
     per round, then is snapshotted (`snapshot`), a sandbox is forked from that until ready
@@ -150,7 +151,7 @@ async def bench_changed(config: dict, image: str | None, n: int, size_mib: int, 
                                    "fork-to-ready": [], "first command in the fork": [],
                                    "snapshot + fork-to-ready": [], "fork to first command": []}
     added: list[int] = []
-    async with AsyncSandboxClient(config) as client:
+    async with AsyncSandboxClient(config, pool={image: pool} if pool else None) as client:
         base = await client.create_sandbox(image=image)
         r = await base.exec(f"yes orchard | head -c {size_mib * 1048576} > big && sync", timeout=600)
         assert r.exit_code == 0, r.stderr
@@ -162,6 +163,8 @@ async def bench_changed(config: dict, image: str | None, n: int, size_mib: int, 
         for i in range(n + 1):  # the first round warms up; not counted
             r = await work.exec(f"head -c {change_mib * 1048576} /dev/urandom > change-{i}.bin", timeout=120)
             assert r.exit_code == 0, r.stderr
+            if pool:
+                await client.wait_pools(120)  # a warm pool that kept up (its refill is not timed)
             t0 = time.perf_counter()
             snap = await work.snapshot()
             t1 = time.perf_counter()
@@ -190,16 +193,17 @@ def changed_main(backends: list[str], n: int, size_mib: int, change_mib: int, im
     for name in backends:
         if name == "local":
             root = tempfile.mkdtemp(prefix="og-snapbench-gib-")
-            variants += [(f"local copy (before) {root}", {"type": "local", "root": root, "snapshots": "copy"}, None),
-                         (f"local layers (after) {root}", {"type": "local", "root": root, "snapshots": "layers"}, None)]
+            copy, layers = ({"type": "local", "root": root, "snapshots": kind} for kind in ("copy", "layers"))
+            variants += [("local copy (before)", copy, None, 0), ("local layers (after)", layers, None, 0),
+                         ("local layers + warm pool of 2 (after)", layers, None, 2)]
         elif name == "docker":
-            variants.append(("docker", {"type": "docker"}, image))
+            variants.append(("docker", {"type": "docker"}, image, 0))
     results: dict[str, dict] = {}
     rounds = max(1, n // 3)
     for r in range(rounds):  # alternate the variants so each sees the same load
-        for label, config, img in variants:
-            part = asyncio.run(bench_changed(config, img, max(1, n // rounds), size_mib, change_mib))
-            into = results.setdefault(label.split(" /")[0], {})
+        for label, config, img, pool in variants:
+            part = asyncio.run(bench_changed(config, img, max(1, n // rounds), size_mib, change_mib, pool))
+            into = results.setdefault(label, {})
             for k, v in part.items():
                 into.setdefault(k, []).extend(v)
         print(f"  round {r + 1}/{rounds} done; load average {os.getloadavg()}", flush=True)
@@ -209,7 +213,7 @@ def changed_main(backends: list[str], n: int, size_mib: int, change_mib: int, im
         for k, samples in rows.items():
             print(f"    {k:38s} {_stats(samples)}")
         print(f"    bytes added per snapshot: median {statistics.median(added) if added else 0:.0f}")
-    for _, config, _ in variants:
+    for _, config, *_ in variants:
         if "root" in config:
             shutil.rmtree(config["root"], ignore_errors=True)
     print(f"  load average at end: {os.getloadavg()}")
