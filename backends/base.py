@@ -72,6 +72,13 @@ class Backend(ABC):
         a sandbox claimed from a warm pool got its owner after the backend made it)."""
         raise InvalidRequest(f"{self.name} backend cannot snapshot")
 
+    loads_snapshots = False  # whether load_snapshot works (a warm pool then serves forks)
+
+    async def load_snapshot(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        """Give an untouched running sandbox (a pooled one) a snapshot's files, as if it had been
+        created from it; its updated record."""
+        raise InvalidRequest(f"{self.name} backend cannot load a snapshot into a running sandbox")
+
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         """Free a snapshot; False if unknown. Sandboxes started from it are not touched."""
         raise InvalidRequest(f"{self.name} backend cannot snapshot")

@@ -59,6 +59,9 @@ class LocalBackendConfig(BaseModel):
     tmp_size: Memory | None = Field("1g", description="size of the sandbox's private /tmp (a tmpfs: host memory)")
     workdir_size: Memory | None = Field("10g", description="size of the workdir: a loop-mounted ext4 image per "
                                         "sandbox (root, losetup and mkfs.ext4 needed; else not enforced)")
+    snapshots: Literal["auto", "layers", "copy"] = Field(
+        "auto", description="layers: a snapshot is an overlay layer of what changed and a fork an overlay mount "
+                            "(root; backends/layers.py); copy: both copy the whole workdir; auto: layers where they work")
     any_image_as_host: bool = Field(
         default_factory=lambda: os.environ.get("ORCHARD_LOCAL_ANY_IMAGE", "").lower() in ("1", "true", "yes", "on"),
         description="run a sandbox asking for any image on the host's userland (one warning) instead of refusing "

@@ -35,7 +35,8 @@ def _unescape(field: str) -> str:
 
 
 def mounts_under(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> list[str]:
-    """Mount points at or below `path` in this process's mount namespace, deepest first."""
+    """Mount points at or below `path` in this process's mount namespace, deepest first (a
+    point with mounts stacked on it as often as it has mounts)."""
     top = os.path.realpath(path)
     found = []
     try:
@@ -48,7 +49,7 @@ def mounts_under(path: str | Path, mountinfo: str = "/proc/self/mountinfo") -> l
                         found.append(point)
     except OSError:
         return []
-    return sorted(set(found), key=len, reverse=True)
+    return sorted(found, key=len, reverse=True)  # a point once per mount stacked on it
 
 
 def detach_mounts(path: str | Path) -> list[str]:

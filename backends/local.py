@@ -37,7 +37,7 @@ from orchard_gym._loop import run_in_thread
 from orchard_gym.errors import BackendError, InvalidRequest, SandboxFailed, SandboxNotFound
 from orchard_gym.models import HOST_IMAGES, AgentEndpoint, SandboxRecord, SandboxSpec, SnapshotRecord, parse_memory
 
-from . import fstree, local_view, procs, workdir_fs
+from . import fstree, local_view, procs, snapshot_attach, workdir_fs
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .cgroups import CgroupError, SandboxCgroup, detect
 from .config import LocalBackendConfig
@@ -115,7 +115,11 @@ class LocalBackend(Backend):
         self._warned_image = False
         _compile_agent()
         self._starting: dict[str, SandboxSpec] = {}  # created here, not ready yet: what a restart needs
-        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client)
+        self.snapshots = LocalSnapshotStore(self.root, self.name, self.config.die_with_client,
+                                            layered=self.config.snapshots != "copy")
+        if self.config.snapshots == "layers" and self.snapshots.layers is None:
+            raise BackendError(f"snapshots='layers' but overlay layers cannot be used here: "
+                               f"{self.snapshots.no_layers_reason}")
         self.swept = self.sweep_sync()  # what crashed clients left behind
 
     def _warn_image_as_host(self, image: str) -> None:
@@ -170,12 +174,17 @@ class LocalBackend(Backend):
         work, run = home / "work", home / "run"
         work.mkdir()
         run.mkdir()
+        # a fork's workdir is an overlay of its snapshot's layers (snapshots_local.py): what it
+        # writes, and so the size cap, is its upper folder in `rw`
+        layered = spec.from_snapshot is not None and self.snapshots.layers is not None
+        writable = home / "rw" if layered else work
+        writable.mkdir(exist_ok=True)
         if not self.no_workdir_limit:  # before anything is written there (a snapshot's tree)
-            self._limit_workdir(home, work)
+            self._limit_workdir(home, writable)
         source = None
         if spec.from_snapshot is not None:
             try:
-                source = self.snapshots.restore(spec.from_snapshot, work)
+                source = self.snapshots.restore(spec.from_snapshot, work, writable if layered else None, sandbox_id)
             except BaseException:
                 _remove_quietly(home)
                 raise
@@ -205,6 +214,8 @@ class LocalBackend(Backend):
         }
         if source is not None and isolation == "bwrap":  # at the snapshot's path, so absolute paths hold
             meta["sandbox_workdir"] = source["workdir"]
+        if source is not None and "upper" in source:  # the layers it holds, where its changes go
+            meta["layers"], meta["upper"] = source["layers"], source["upper"]
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
         meta["enforced_by"] = self._enforcement(meta, spec)
@@ -217,13 +228,15 @@ class LocalBackend(Backend):
             if cgroup:
                 cgroup.remove()
             _remove_quietly(home)
+            self.snapshots.release_sandbox(meta)
             raise BackendError(f"cannot start the agent: {e}") from e
         self._starting[sandbox_id] = spec
         return self._record(meta, status="pending")
 
     def _limit_workdir(self, home: Path, work: Path) -> None:
-        """Mount the size-capped workdir. Asked for in the config, a failure fails the create;
-        as the default it is said once and this backend's sandboxes go on without it."""
+        """Mount the size-capped workdir (a fork's: the folder of its overlay's upper). Asked for
+        in the config, a failure fails the create; as the default it is said once and this
+        backend's sandboxes go on without it."""
         try:
             workdir_fs.make(home / "work.img", work, self.workdir_size)
         except BackendError as e:
@@ -496,6 +509,7 @@ class LocalBackend(Backend):
             except subprocess.TimeoutExpired:
                 log.warning("sandbox %s: agent did not exit after SIGKILL", meta["sandbox_id"])
         self._discard(Path(meta["workdir"]).parent)
+        self.snapshots.release_sandbox(meta)  # the layers it was forked from, unless others hold them
 
     def _discard(self, home: Path) -> None:
         """Remove a sandbox's folder, whatever its processes left there (fstree.py). It is
@@ -575,6 +589,26 @@ class LocalBackend(Backend):
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await asyncio.to_thread(self.snapshots.delete, snapshot_id)
+
+    @property
+    def loads_snapshots(self) -> bool:
+        """Whether a running sandbox can take a snapshot's files (snapshot_attach.py): layers,
+        and a sandbox whose namespace pid the backend knows (zygote) or none at all."""
+        return self.snapshots.layers is not None and (self.zygote is not None or not self.bwrap)
+
+    async def load_snapshot(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        meta = self._meta(sandbox_id)
+        if meta is None:
+            raise SandboxNotFound(f"no sandbox {sandbox_id!r}")
+        if not self.loads_snapshots or meta.get("spawner") == "bwrap" or meta.get("layers"):
+            raise InvalidRequest(f"sandbox {sandbox_id} cannot take a snapshot's files (only an untouched one, "
+                                 f"with overlay layers and the zygote: {self.snapshots.no_layers_reason or 'ok'})")
+        try:
+            meta.update(await asyncio.to_thread(snapshot_attach.load_into, self.snapshots, meta, snapshot_id))
+        except ValueError as e:
+            raise InvalidRequest(f"sandbox {sandbox_id}: {e}") from None
+        _write_json(Path(meta["workdir"]).parent / "meta.json", meta)
+        return self._record(meta)
 
     async def list_snapshots(self) -> list[SnapshotRecord]:
         return await asyncio.to_thread(self.snapshots.list)

@@ -24,6 +24,7 @@ rewriting `areset`. No module outside the env's own class reads its `_`-prefixed
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import time
 from abc import abstractmethod
@@ -281,7 +282,7 @@ class SandboxEnv(gym.Env):
             self.trajectory.metadata["warm_reset"] = True
             self._started, self.ctx = time.monotonic(), ctx
         else:
-            await self.release_sandbox()
+            await self.release_sandbox(background=True)  # the last episode's sandbox goes while this one starts
             self.task = task
             self.trajectory = Trajectory(env_id=self.env_id, task_id=task_id)
             self._started, self._done = time.monotonic(), False
@@ -386,15 +387,22 @@ class SandboxEnv(gym.Env):
         self.trajectory.terminated, self.trajectory.truncated = terminated, truncated
         self.trajectory.ended_at = time.time()
 
-    async def release_sandbox(self) -> None:
+    async def release_sandbox(self, background: bool = False) -> None:
         """Delete the episode's sandbox (its usage charged to the trajectory) and let go of the
-        snapshot it was restored from; the env's own snapshots live until `close`."""
+        snapshot it was restored from; the env's own snapshots live until `close`. `background`
+        (a reset): the usage is read now, the removal (a delete's slow part: killing, unmounting,
+        freeing its disk) goes on while the next episode starts, and is awaited by the next
+        release or close, so at most one is in flight per env."""
         sandbox, self.sandbox, self.ctx = self.sandbox, None, None
+        pending = self.__dict__.pop("_deleting", None)
+        if pending is not None:
+            await pending
         if sandbox is not None:
-            try:
-                await sandbox.delete()
-            except OrchardError:
-                pass  # already gone
+            if background:
+                await sandbox.collect_usage()
+                self.__dict__["_deleting"] = asyncio.ensure_future(_delete_quietly(sandbox))
+            else:
+                await _delete_quietly(sandbox)
             charge_sandbox(self.trajectory, sandbox)  # its usage, read by delete(), into the episode's ledger
         await forking.release_all(self, closing=False)
 
@@ -413,6 +421,7 @@ class SandboxEnv(gym.Env):
         closes with the last env that shares it) and a copy of the random generator."""
         child = copy.copy(self)
         child.snapshots = forking.SnapshotBook()
+        child.__dict__.pop("_deleting", None)  # the parent's last sandbox, still being deleted, is the parent's
         child.sandbox, child.ctx, child.trajectory, child.task = None, None, None, None
         if self._owns_client and self._client is not None:
             forking.add_user(self._client)
@@ -459,3 +468,10 @@ class SandboxEnv(gym.Env):
         if self.render_mode == "ansi":
             return self._last_obs
         return None
+
+
+async def _delete_quietly(sandbox) -> None:
+    try:
+        await sandbox.delete()
+    except OrchardError:
+        pass  # already gone

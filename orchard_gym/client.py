@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -193,12 +194,16 @@ class AsyncSandboxInstance:
         """Delete the sandbox; its usage so far (CPU, peak memory, wall time) is read first into
         `self.usage` (see orchard_gym.ledger; off with `client.account_usage = False`)."""
         self.stop_heartbeat()
+        await self.collect_usage()
+        await self._client.delete_sandbox(self.sandbox_id)
+        self.record.status = "deleted"
+
+    async def collect_usage(self) -> None:
+        """Read the sandbox's usage so far into `self.usage` (once), as delete() does first."""
         if self._client.account_usage and self.usage is None and self.record.status != "deleted":
             from .ledger import collect
 
             self.usage = await collect(self)
-        await self._client.delete_sandbox(self.sandbox_id)
-        self.record.status = "deleted"
 
     async def __aenter__(self) -> AsyncSandboxInstance:
         return self
@@ -275,11 +280,26 @@ class AsyncSandboxClient:
                           cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {},
                           from_snapshot=from_snapshot)
         record = await self._pools.claim(spec) if self._pools else None
+        if record is None and spec.from_snapshot is not None and self._pools and self._control.loads_snapshots:
+            record = await self._fork_from_pool(spec)
         if record is None:  # no pool of this spec, or none ready
             record = await self._control.create(spec, wait_ready, timeout)
         instance = AsyncSandboxInstance(self, record)
         self._owned[record.sandbox_id] = instance
         return instance
+
+    async def _fork_from_pool(self, spec: SandboxSpec) -> SandboxRecord | None:
+        """A warm sandbox of the spec's pool given the snapshot's files (the local backend's
+        layers: docs/snapshots.md); None when none is ready."""
+        record = await self._pools.claim(spec.model_copy(update={"from_snapshot": None}))
+        if record is None:
+            return None
+        try:
+            return await self._control.load_snapshot(record.sandbox_id, spec.from_snapshot)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self._control.delete(record.sandbox_id)
+            raise
 
     async def wait_pools(self, timeout: float = DEFAULT_READY_TIMEOUT) -> bool:
         """Start the warm pools and wait until each is full; False on timeout."""

@@ -72,6 +72,11 @@ class SandboxControl(ABC):
     async def list_snapshots(self) -> list[SnapshotRecord]:
         raise InvalidRequest("this control cannot snapshot")
 
+    loads_snapshots = False  # whether a pooled sandbox can be given a snapshot's files (load_snapshot)
+
+    async def load_snapshot(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        raise InvalidRequest("this control cannot load a snapshot into a running sandbox")
+
     @abstractmethod
     async def open_pty(self, sandbox_id: str, init: dict):
         """A terminal session for the init frame (terminal.init_frame): a terminal.PtyChannel."""
@@ -222,6 +227,17 @@ class InProcessControl(SandboxControl):
 
     async def list_snapshots(self) -> list[SnapshotRecord]:
         return await self.backend.list_snapshots()
+
+    @property
+    def loads_snapshots(self) -> bool:  # type: ignore[override]
+        return bool(getattr(self.backend, "loads_snapshots", False))
+
+    async def load_snapshot(self, sandbox_id: str, snapshot_id: str) -> SandboxRecord:
+        try:
+            check_snapshot_id(snapshot_id)
+        except ValueError as e:
+            raise InvalidRequest(str(e)) from None
+        return await self.backend.load_snapshot(sandbox_id, snapshot_id)
 
     # ------------------------------------------------------------------ agent calls
     async def call(self, sandbox_id: str, method: str, *args):

@@ -139,6 +139,86 @@ def copy_methods(n: int, task_id: str) -> dict[str, list[float] | str]:
     return out
 
 
+async def bench_changed(config: dict, image: str | None, n: int, size_mib: int, change_mib: int,
+                        pool: int = 0) -> dict:
+    """Snapshot and fork of a big workdir after a small change (issue 31): a sandbox writes
+    `size_mib` MiB and is snapshotted (the set-up, once); a fork of it changes `change_mib` MiB
+    per round, then is snapshotted (`snapshot`), a sandbox is forked from that until ready
+    (`fork-to-ready`) and runs one command (`first command`)."""
+    from orchard_gym import AsyncSandboxClient
+
+    out: dict[str, list[float]] = {"set-up snapshot (whole workdir, once)": [], "snapshot after the change": [],
+                                   "fork-to-ready": [], "first command in the fork": [],
+                                   "snapshot + fork-to-ready": [], "fork to first command": []}
+    added: list[int] = []
+    async with AsyncSandboxClient(config, pool={image: pool} if pool else None) as client:
+        base = await client.create_sandbox(image=image)
+        r = await base.exec(f"yes orchard | head -c {size_mib * 1048576} > big && sync", timeout=600)
+        assert r.exit_code == 0, r.stderr
+        t = time.perf_counter()
+        setup = await base.snapshot()
+        out["set-up snapshot (whole workdir, once)"].append(time.perf_counter() - t)
+        work = await client.create_sandbox(image=image, from_snapshot=setup.snapshot_id)
+        await base.delete()
+        for i in range(n + 1):  # the first round warms up; not counted
+            r = await work.exec(f"head -c {change_mib * 1048576} /dev/urandom > change-{i}.bin", timeout=120)
+            assert r.exit_code == 0, r.stderr
+            if pool:
+                await client.wait_pools(120)  # a warm pool that kept up (its refill is not timed)
+            t0 = time.perf_counter()
+            snap = await work.snapshot()
+            t1 = time.perf_counter()
+            fork = await client.create_sandbox(image=image, from_snapshot=snap.snapshot_id)
+            t2 = time.perf_counter()
+            r = await fork.exec(f"stat -c %s change-{i}.bin")
+            t3 = time.perf_counter()
+            assert r.stdout.strip() == str(change_mib * 1048576), (r.stdout, r.stderr)
+            if i:
+                for label, v in (("snapshot after the change", t1 - t0), ("fork-to-ready", t2 - t1),
+                                 ("first command in the fork", t3 - t2), ("snapshot + fork-to-ready", t2 - t0),
+                                 ("fork to first command", t3 - t1)):
+                    out[label].append(v)
+                added.append(snap.size_bytes or 0)
+            await fork.delete()
+            await client.delete_snapshot(snap.snapshot_id)
+        await work.delete()
+        await client.delete_snapshot(setup.snapshot_id)
+    return {**out, "added_bytes": added}
+
+
+def changed_main(backends: list[str], n: int, size_mib: int, change_mib: int, image: str) -> None:
+    """Before (copy) and after (layers) on local, interleaved round by round; docker as it is."""
+    print(f"\n== {size_mib} MiB workdir, {change_mib} MiB changed per round; load average {os.getloadavg()} ==")
+    variants = []
+    for name in backends:
+        if name == "local":
+            root = tempfile.mkdtemp(prefix="og-snapbench-gib-")
+            copy, layers = ({"type": "local", "root": root, "snapshots": kind} for kind in ("copy", "layers"))
+            variants += [("local copy (before)", copy, None, 0), ("local layers (after)", layers, None, 0),
+                         ("local layers + warm pool of 2 (after)", layers, None, 2)]
+        elif name == "docker":
+            variants.append(("docker", {"type": "docker"}, image, 0))
+    results: dict[str, dict] = {}
+    rounds = max(1, n // 3)
+    for r in range(rounds):  # alternate the variants so each sees the same load
+        for label, config, img, pool in variants:
+            part = asyncio.run(bench_changed(config, img, max(1, n // rounds), size_mib, change_mib, pool))
+            into = results.setdefault(label, {})
+            for k, v in part.items():
+                into.setdefault(k, []).extend(v)
+        print(f"  round {r + 1}/{rounds} done; load average {os.getloadavg()}", flush=True)
+    for label, rows in results.items():
+        print(f"  {label}")
+        added = rows.pop("added_bytes")
+        for k, samples in rows.items():
+            print(f"    {k:38s} {_stats(samples)}")
+        print(f"    bytes added per snapshot: median {statistics.median(added) if added else 0:.0f}")
+    for _, config, *_ in variants:
+        if "root" in config:
+            shutil.rmtree(config["root"], ignore_errors=True)
+    print(f"  load average at end: {os.getloadavg()}")
+
+
 def _du(path: Path) -> int:
     return int(subprocess.run(["du", "-sk", str(path)], capture_output=True, text=True).stdout.split()[0])
 
@@ -148,8 +228,16 @@ def main() -> None:
     p.add_argument("--backends", default="local,docker,kubernetes")
     p.add_argument("-n", type=int, default=5, help="samples per backend (after one warm-up round)")
     p.add_argument("--task", default="marshmallow-3.21.1", help="built-in SWE task id")
+    p.add_argument("--changed", metavar="SIZE_MIB,CHANGE_MIB",
+                   help="instead: snapshot + fork of a SIZE_MIB workdir after a CHANGE_MIB change (e.g. 1024,1); "
+                        "local before (snapshots='copy') and after ('layers') in the same run")
+    p.add_argument("--image", default="localhost/orchard/bookworm", help="docker image for --changed")
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()}, cpus: {os.cpu_count()}")
+    if args.changed:
+        size, change = (int(x) for x in args.changed.split(","))
+        changed_main(args.backends.split(","), args.n, size, change, args.image)
+        return
     cluster, scratch = None, []
     for name in args.backends.split(","):
         config: dict = {"type": name}

@@ -23,7 +23,8 @@ def test_local_forks_are_independent_copies(local_root):
         box.exec("pwd > where")
         snap = box.snapshot()
         assert box.exec(f"ls {local_root}/.snapshots/{snap.snapshot_id}").exit_code != 0
-        assert (local_root / ".snapshots" / snap.snapshot_id / "tree").is_dir()
+        assert box.exec(f"ls {local_root}/.layers").exit_code != 0  # nor the layers (root: overlay snapshots)
+        assert (local_root / ".snapshots" / snap.snapshot_id / "meta.json").is_file()
         # a fork sees its own folder at the snapshot's path: absolute paths written before still hold
         fork = client.create_sandbox(from_snapshot=snap.snapshot_id)
         assert fork.workdir == box.workdir != fork.record.details["host_workdir"]

@@ -67,6 +67,8 @@ SLOW = {
     "tests/test_synth.py::test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build":
         "a whole synthesis run: builder, test and refiner episodes",
     "tests/test_synth.py::test_a_killed_run_continues_where_it_stopped": "two synthesis CLI runs",
+    "tests/test_snapshot_layers.py::test_snapshot_of_a_fork_copies_what_changed_not_the_gib":
+        "writes 1 GiB and snapshots it once (~15 s under load)",
     "tests/test_synth.py::test_a_task_that_never_passes_is_dropped_with_the_reason": "a synthesis run",
     "tests/test_swe_env.py::test_gold_resolves_and_nothing_else_does": "every task's test suite, twice",
     "tests/test_swe_env.py::test_malformed_actions_become_observations": "a sandbox per case",

@@ -252,11 +252,11 @@ class GUIEnv(SandboxEnv):
         await sandbox.exec(["rm", "-f", f"{sandbox.workdir or '/workspace'}/.gui/gui.sock"], timeout=30)
         return await self.setup(sandbox, task)
 
-    async def release_sandbox(self) -> None:
+    async def release_sandbox(self, background: bool = False) -> None:
         if self.display is not None:
             self.display.close()
             self.display = None
-        await super().release_sandbox()
+        await super().release_sandbox(background)
 
     def render(self):
         if self.render_mode == "rgb_array":
