@@ -97,7 +97,8 @@ def test_without_cgroups_the_marker_kill_misses_env_i(local_root, isolation):
         box = client.create_sandbox()
         assert box.resources()["kill"].startswith("marker (no writable cgroups: cgroups='off'")
         assert box.exec(ESCAPES.format(*n), timeout=2).timed_out
-        time.sleep(0.3)
+        # the marker kill has reached the two that kept the marker (waited for, not slept on)
+        wait_until(lambda: not sleepers(n[1])[n[1]] and not sleepers(n[2])[n[2]], 10)
         survivors = sleepers(*n)
         try:
             assert survivors[n[0]], "env -i setsid sleep should outlive the marker kill"
