@@ -94,6 +94,31 @@ SLOW = {
         "Redis and orchestrator restarts",
     "tests/test_security_service_redis.py::"
     "test_redis_requirepass_right_password_works_wrong_or_missing_fails_at_start": "Redis and orchestrator restarts",
+    # measured in the fast tier (junit, 1 worker, load 5-28 on 2 cores; ~1/3 of that on a quiet machine):
+    # each starts its own orchestrators, Redis servers or CLI processes
+    "tests/test_security_service_redis.py::test_rediss_with_a_password_and_a_ca":
+        "a TLS Redis, an orchestrator and a failing serve (45 s under load)",
+    "tests/test_security_service_redis.py::test_redis_over_a_unix_socket_with_a_password":
+        "Redis and orchestrator starts (33 s under load)",
+    "tests/test_security_service_redis.py::test_bad_redis_url_on_the_command_line_is_one_clear_line":
+        "two serve processes that fail at start (26 s under load)",
+    "tests/test_pool.py::test_orchestrator_pool_claims_belong_to_the_claiming_key": "two orchestrators (30 s under load)",
+    "tests/test_security_service.py::test_delete_during_a_slow_create_leaves_no_sandbox[other-replica]":
+        "Redis and a second replica (26 s under load)",
+    "tests/test_security_service.py::test_in_process_sandboxes_survive_an_orchestrator_on_the_default_roots":
+        "its own orchestrator, a TTL and reconcile passes (17 s under load)",
+    "tests/test_security_service.py::test_garbage_keys_in_the_environment_stop_serve_with_one_line":
+        "serve processes (12 s under load)",
+    "tests/test_service.py::test_saturation_gives_503_and_the_sdk_retries": "its own orchestrator (21 s under load)",
+    "tests/test_service.py::test_restarted_replica_adopts_its_sandboxes": "an orchestrator restart (19 s under load)",
+    "tests/test_service.py::test_client_that_stops_heartbeating_has_its_sandboxes_reaped":
+        "its own orchestrator and a TTL (17 s under load)",
+    "tests/test_swe_datasets.py::test_swebench_records_load_from_json_jsonl_parquet_and_datasets_folders":
+        "imports datasets and pyarrow (17 s under load)",
+    "tests/test_swe_datasets.py::test_tasks_check_as_a_command": "CLI processes (10 s under load)",
+    "tests/test_local_backend.py::test_orchard_sandbox_gc_sweeps_dead_clients": "CLI processes (12 s under load)",
+    "tests/test_pool.py::test_failed_creates_are_retried_with_backoff_and_close_cuts_the_wait":
+        "waits out retry backoffs (10 s under load)",
 }
 
 
