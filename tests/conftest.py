@@ -29,7 +29,12 @@ from components import (  # noqa: F401
     variant_limit,
 )
 # the test tiers (`--fast`, the `slow` mark of the full-suite-only tests); see tests/tiers.py
-from tiers import pytest_addoption, pytest_collection_modifyitems, pytest_ignore_collect  # noqa: F401
+from tiers import (  # noqa: F401
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_ignore_collect,
+    pytest_xdist_make_scheduler,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

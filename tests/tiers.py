@@ -12,6 +12,11 @@ The hook is imported into tests/conftest.py.
 
 from __future__ import annotations
 
+import atexit
+import glob
+import json
+import os
+
 import pytest
 
 FULL_ONLY_COMPONENTS = frozenset({"docker", "kubernetes", "swe-images", "harnesses", "claude-code", "gui",
@@ -87,6 +92,7 @@ SLOW = {
     "tests/test_require.py::test_the_docker_backend_suite_fails_without_its_engine_only_when_required":
         "a child pytest run",
     "tests/test_packaging.py::test_wheel_installs_only_orchard_gym": "builds and installs a wheel",
+    "tests/test_tiers.py::test_loadgroup_keeps_each_module_in_one_worker_in_order": "child pytest runs, two workers",
     "tests/test_security_agent.py::test_orchestrator_streams_downloads_and_passes_the_413": "moves 190 MiB",
     "tests/test_security_service.py::test_in_process_sandbox_in_the_orchestrators_root_is_never_adopted":
         "waits out reconcile passes",
@@ -160,19 +166,58 @@ def uses_podman(item: pytest.Item) -> bool:
     return any(mark.args and mark.args[0] in PODMAN_COMPONENTS for mark in item.iter_markers("needs"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node ids
+# The xdist groups, handed from the workers (which collect) to the controller's scheduler (which
+# does not): pytest 9 keeps a node id in `Item._id`, so xdist 3.8's loadgroup, which appends
+# "@group" to `Item._nodeid`, no longer groups anything: every test was scheduled on its own (a
+# docs page's blocks in two workers, module fixtures made twice, Podman tests side by side).
+GROUPS = "ORCHARD_XDIST_GROUPS"  # the file stem: set in the controller, inherited by its workers
+if not os.environ.get("PYTEST_XDIST_WORKER"):  # a controller (or a plain run): its own stem
+    os.environ[GROUPS] = f"/tmp/orchard-xdist-groups-{os.getpid()}"
+    atexit.register(lambda stem=os.environ[GROUPS]: [os.unlink(f) for f in glob.glob(stem + ".*")])
+
+
+def group_of(item: pytest.Item) -> str:
+    """A module's tests stay in one worker, in order, sharing its module fixtures; every test that
+    drives Podman runs in one worker, one at a time (concurrent creates and deletes on the one
+    engine gave "no such container" under load, and the host-guard and leak checks list every
+    container)."""
+    return "podman" if uses_podman(item) else item.nodeid.partition("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not item.get_closest_marker("slow") and why_slow(item):
             item.add_marker(pytest.mark.slow)
-        # --dist loadgroup (scripts/test.sh): a module's tests stay in one worker, in order, sharing
-        # its module fixtures; every test that drives Podman runs in one worker, one at a time
-        # (concurrent creates and deletes on the one engine gave "no such container" under load, and
-        # the host-guard and leak checks list every container)
-        module = item.nodeid.partition("::")[0]
-        item.add_marker(pytest.mark.xdist_group("podman" if uses_podman(item) else module))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:  # for the scheduler below, before this worker reports its collection
+        path = f"{os.environ[GROUPS]}.{worker}"
+        with open(path + ".tmp", "w") as f:
+            json.dump({item.nodeid: group_of(item) for item in items}, f)
+        os.replace(path + ".tmp", path)
     if config.getoption("fast"):  # as -m "not slow" would (and on top of any -m given)
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` that works under pytest 9: xdist's scope scheduling (a scope's tests go
+    to one worker, in order), with the groups the workers wrote at collection."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                files = sorted(glob.glob(os.environ[GROUPS] + ".gw*"))
+                files = [f for f in files if not f.endswith(".tmp")]
+                self.groups = json.loads(open(files[0]).read()) if files else {}
+            return self.groups.get(nodeid) or nodeid.partition("::")[0]
+
+    return GroupScheduling(config, log)
