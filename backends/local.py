@@ -105,6 +105,9 @@ class LocalBackend(Backend):
         self.zygote = None if self.no_zygote_reason else Zygote(
             _python()[0], os.path.realpath(AGENT_DIR), self.root / ".zygote.log", self.config.die_with_client)  # a dot-name: sweep skips it
         self.cgroups, self.no_cgroups_reason = detect(self.config.cgroups, self.config.cgroup_parent)
+        # cgroups are machine-wide: a sandbox's is named by its id and this root, so two roots (an
+        # `orchard serve` and in-process clients, parallel test workers) can hold the same id
+        self._cgroup_suffix = "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(self.root.resolve())).hex[:8]
         self.tmp_size, self.workdir_size = parse_memory(self.config.tmp_size), parse_memory(self.config.workdir_size)
         self.no_workdir_limit = workdir_fs.unavailable_reason() if self.workdir_size else "workdir_size=None"
         if self.no_workdir_limit and self.workdir_size and "workdir_size" in self.config.model_fields_set:
@@ -308,7 +311,7 @@ class LocalBackend(Backend):
         if self.cgroups is None:
             return None, []
         try:
-            cgroup = self.cgroups.create(sandbox_id, self.config.pids_limit, self._memory_bytes(spec), spec.cpu)
+            cgroup = self.cgroups.create(sandbox_id + self._cgroup_suffix, self.config.pids_limit, self._memory_bytes(spec), spec.cpu)
         except CgroupError as e:
             _remove_quietly(home)
             raise BackendError(str(e)) from None

@@ -4,8 +4,8 @@
 # CI runs, via .ci/run). Tiers (docs/testing.md, tests/tiers.py):
 #   bash scripts/test.sh [pytest args...]          # the full suite
 #   bash scripts/test.sh --fast [pytest args...]   # the fast tier: unit and local-backend tests
-# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 1, see below); `-n 0` runs
-# in-process.
+# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 2, the cores of the CI
+# machine; see below); `-n 0` runs in-process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,7 +36,9 @@ ruff check .   # the linter (config in pyproject.toml): a finding fails the run 
 mypy           # the type checker on the ground floor's core types (pyproject.toml [tool.mypy])
 # --dist loadgroup with the groups of tests/tiers.py: a module's tests stay in one worker, in order,
 # sharing its module fixtures; every test that drives Podman runs in one worker, one at a time.
-# One worker by default: at 2, tests on the default local root and the fuzzed orchestrator failed
-# only when another worker ran beside them (each passes alone); ORCHARD_TEST_WORKERS=2 for speed.
+# Two workers by default: the tests mostly wait on subprocesses, sandboxes and containers. Each
+# worker has its own TMPDIR (so its own default sandbox roots, tests/conftest.py), servers count as
+# up only when their own process listens on the port (tests/service_helpers.py), and local
+# sandboxes' cgroups are named by id and root: what failed beside another worker before.
 python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 \
-  -n "${ORCHARD_TEST_WORKERS:-1}" --dist loadgroup "$@"   # no exec: the trap must run after it
+  -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadgroup "$@"   # no exec: the trap must run after it

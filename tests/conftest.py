@@ -29,9 +29,38 @@ from components import (  # noqa: F401
     variant_limit,
 )
 # the test tiers (`--fast`, the `slow` mark of the full-suite-only tests); see tests/tiers.py
-from tiers import pytest_addoption, pytest_collection_modifyitems, pytest_ignore_collect  # noqa: F401
+from tiers import (  # noqa: F401
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_ignore_collect,
+    pytest_xdist_make_scheduler,
+)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def _private_tmpdir() -> None:
+    """Each test process (each xdist worker, and every process it starts) gets its own temp
+    folder, so the default sandbox roots (`/tmp/orchard-gym-UID`, `orchard serve`'s
+    `/tmp/orchard-gym-serve-UID`: both under `tempfile.gettempdir()`) are its own: a worker's
+    orchestrator with a 1 s TTL reaped, and its leak checks listed, the other worker's (and
+    another concurrent run's) sandboxes on the one shared root. Short (`/tmp/w` + the pid):
+    a sandbox's unix socket path must stay under 108 bytes with a 63-character id."""
+    import atexit
+    import tempfile
+
+    base = Path(f"/tmp/w{os.getpid()}")
+    if os.environ.get("TMPDIR") == str(base):
+        return
+    base.mkdir(exist_ok=True)
+    # pytest's own tmp_path folders stay where they were (their paths hold sockets too)
+    os.environ.setdefault("PYTEST_DEBUG_TEMPROOT", tempfile.gettempdir())
+    os.environ["TMPDIR"] = str(base)
+    tempfile.tempdir = None  # computed again, from $TMPDIR
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
+
+
+_private_tmpdir()
 AGENT_PY = REPO / "orchard_gym" / "agent"  # a folder: python runs its __main__.py
 HAS_BWRAP = shutil.which("bwrap") is not None
 WHY_NO_BWRAP = "" if HAS_BWRAP else "bwrap is not on PATH (bash scripts/setup_system.sh)"

@@ -25,6 +25,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listens(pid: int, port: int) -> bool:
+    """Whether process `pid` itself holds a listening TCP socket on `port` (any address).
+    `free_port()` only finds a port that was free a moment ago: under parallel workers another
+    server can take it first, and then a health check or PING answered on that port would be
+    that other server's answer, not ours."""
+    inodes = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(path).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()  # sl local_address rem_address st ... inode
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{fields[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def short_root(tag: str) -> Path:
     """A sandbox root with a short path (unix socket paths are limited to 108 bytes)."""
     root = Path(f"/tmp/og-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**8}")
@@ -59,6 +89,8 @@ class RedisServer:
         deadline = time.monotonic() + 10
         while True:
             try:
+                if not listens(self.proc.pid, self.port):  # not up yet, or the port is another's
+                    raise OSError
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
                     s.sendall(b"PING\r\n")
                     # a Redis that wants a password answers -NOAUTH: it is up all the same
@@ -81,6 +113,10 @@ class RedisServer:
                 self.proc.wait(5)
 
 
+class PortTaken(RuntimeError):
+    """The orchestrator could not bind its port: something else took it."""
+
+
 class Orchestrator:
     """`orchard serve` as a real uvicorn subprocess on a free loopback port."""
 
@@ -94,7 +130,15 @@ class Orchestrator:
         self.log_dir = Path(log_dir or root)
         self.proc: subprocess.Popen | None = None
         self.starts = 0
-        self.start()
+        try:
+            self.start()
+        except PortTaken:
+            if port:
+                raise
+            # free_port()'s port was taken before uvicorn bound it (another worker's server): a fresh one
+            self.port, self.starts = free_port(), 0
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.start()
 
     def env(self) -> dict[str, str]:
         # keep a private injector image (PREAMBLE: one per branch) for docker/kubernetes backends
@@ -118,14 +162,16 @@ class Orchestrator:
                 env=self.env(), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 90  # a loaded machine (parallel workers) can take 20 s to import and start
         while True:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+            try:  # our own process's answer (not another server's that took the port first)
+                if listens(self.proc.pid, self.port) and httpx.get(self.url + "/health", timeout=1).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"orchestrator did not start:\n{self.log.read_text()[-3000:]}")
+                log = self.log.read_text()[-3000:]
+                raise (PortTaken if "address already in use" in log else RuntimeError)(
+                    f"orchestrator did not start:\n{log}")
             time.sleep(0.05)
 
     @property

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -96,7 +97,8 @@ def test_without_cgroups_the_marker_kill_misses_env_i(local_root, isolation):
         box = client.create_sandbox()
         assert box.resources()["kill"].startswith("marker (no writable cgroups: cgroups='off'")
         assert box.exec(ESCAPES.format(*n), timeout=2).timed_out
-        time.sleep(0.3)
+        # the marker kill has reached the two that kept the marker (waited for, not slept on)
+        wait_until(lambda: not sleepers(n[1])[n[1]] and not sleepers(n[2])[n[2]], 10)
         survivors = sleepers(*n)
         try:
             assert survivors[n[0]], "env -i setsid sleep should outlive the marker kill"
@@ -355,3 +357,32 @@ def test_cgroups_where_processes_cannot_move_fall_back(local_root, monkeypatch):
         box = client.create_sandbox()
         assert box.resources()["kill"].startswith("marker (no writable cgroups: cannot move a process")
         assert box.exec("echo ok").stdout == "ok\n"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_two_roots_hold_the_same_sandbox_id_each_in_its_own_cgroup(tmp_path, mode):
+    """cgroups are machine-wide, sandbox roots are not: an `orchard serve` and in-process clients
+    (or two test workers) may each make a sandbox `twin`. Each gets its own cgroup, with its own
+    limit; deleting one leaves the other's. (Named by the id alone, the second create failed on
+    the first's cgroup folder, and the first delete removed the other's cgroup.)"""
+    from service_helpers import short_root
+
+    roots = [short_root("twin-a"), short_root("twin-b")]
+    try:
+        with SandboxClient(config(roots[0], cgroups=mode, pids_limit=64)) as a, \
+                SandboxClient(config(roots[1], cgroups=mode, pids_limit=96)) as b:
+            box_a, box_b = a.create_sandbox(sandbox_id="twin"), b.create_sandbox(sandbox_id="twin")
+            dirs = [{k: Path(d) for k, d in c.backend._meta("twin")["cgroup"]["dirs"].items()} for c in (a, b)]
+            pids = [d.get("pids") or d["unified"] for d in dirs]  # v1: the pids hierarchy; v2: the one folder
+            assert pids[0] != pids[1]
+            if "pids" in a.backend.cgroups.limits:  # v2 here may not delegate the pids controller
+                limits = [(p / "pids.max").read_text().strip() for p in pids]
+                assert limits == ["64", "96"], limits
+            box_a.delete()
+            assert not any(d.exists() for d in dirs[0].values())
+            assert all(d.exists() for d in dirs[1].values()) and box_b.exec("echo alive").stdout == "alive\n"
+            box_b.delete()
+            assert not any(d.exists() for d in dirs[1].values())
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)

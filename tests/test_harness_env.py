@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import gymnasium as gym
 import pytest
@@ -104,7 +103,9 @@ def test_harness_that_dies_mid_call(local_root):
     try:
         env.reset(options={"task_id": TASK})
         obs, *_ = env.step(apply_gold())  # its next request arrives; then it dies while that waits
-        time.sleep(2)
+        rollout_id, calls = env.unwrapped.rollout_id, env.unwrapped.record.calls
+        assert wait_until(lambda: not marked_pids(f"ORCHARD_HARNESS={rollout_id}") and len(calls) == 2
+                          and calls[1].error, 60), "the harness did not die, or the proxy did not see it go"
         obs, reward, terminated, truncated, info = env.step("DONE")
         assert truncated and reward == 0.0 and "exit code 7" in info["error"]
         calls = env.unwrapped.record.calls

@@ -35,6 +35,7 @@ def test_bad_urls_are_refused():
 
 async def test_keep_alive_chunked_and_a_closed_idle_connection():
     connections, seen = [], []
+    dropped = asyncio.Event()
 
     async def handler(reader, writer):
         connections.append(writer)
@@ -49,6 +50,8 @@ async def test_keep_alive_chunked_and_a_closed_idle_connection():
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
                     await writer.drain()
                     writer.close()
+                    await writer.wait_closed()
+                    dropped.set()
                     return
                 else:
                     writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 11\r\n\r\n{\"ok\": 42}\n")
@@ -65,7 +68,7 @@ async def test_keep_alive_chunked_and_a_closed_idle_connection():
         assert (await http.request("GET", "/chunked")).json() == {"a": 1}
         assert len(connections) == 1  # reused
         await http.request("GET", "/close-after")
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(dropped.wait(), 10)  # the server has closed the idle connection
         assert (await http.request("GET", "/y")).json() == {"ok": 42}  # a fresh connection, transparently
         assert len(connections) == 2
     finally:

@@ -285,6 +285,7 @@ def test_orchestrator_pool_claims_belong_to_the_claiming_key(tmp_path):
 
 
 # --------------------------------------------------------------------------- docker
+@pytest.mark.docker  # drives Podman: the full suite, in the one Podman xdist group (tests/tiers.py)
 def test_docker_stopped_pooled_container_is_never_handed_out():
     from conftest import DOCKER_IMAGES, docker_engine, require
 

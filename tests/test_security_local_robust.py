@@ -263,6 +263,7 @@ def _owner_follows(client) -> None:
         client.delete_snapshot(snap.snapshot_id)
 
 
+@pytest.mark.docker  # drives Podman: the full suite, in the one Podman xdist group (tests/tiers.py)
 def test_docker_snapshots_carry_the_owner_they_are_given():
     require("docker", docker_engine()[1])
     with SandboxClient({"type": "docker"}) as client:

@@ -330,7 +330,11 @@ def test_in_process_sandboxes_survive_an_orchestrator_on_the_default_roots(tmp_p
         try:
             with _client(orch, ADMIN) as admin:
                 assert admin.get("/resources").json()["backend"]["root"] == str(default_serve_root().resolve())
-                time.sleep(2.0)  # several reconcile passes and more than a TTL
+                # more than a TTL, then several reconcile passes (counted: a loaded machine makes fewer in a
+                # fixed time)
+                time.sleep(1.0)  # the TTL (sandbox_ttl=1): a duration this test is about, not a wait for an event
+                passes = orch.reconcile_passes()
+                assert wait_until(lambda: orch.reconcile_passes() >= passes + 3, 30)
                 assert box.sandbox_id not in {r["sandbox_id"] for r in admin.get("/sandboxes").json()}
                 assert admin.get(f"/sandboxes/{box.sandbox_id}").status_code == 404
                 assert box.exec("echo alive").stdout == "alive\n"
@@ -356,10 +360,10 @@ def test_in_process_sandbox_in_the_orchestrators_root_is_never_adopted(tmp_path)
                 with _client(orch, ADMIN) as admin:
                     mine = admin.post("/sandboxes", params={"wait": "true"}, json={"sandbox_id": "orch-own"}).json()
                     assert mine["status"] == "running"
-                    time.sleep(2.0)
-                    listed = {r["sandbox_id"] for r in admin.get("/sandboxes").json()}
-                    assert box.sandbox_id not in listed
-                    assert "orch-own" not in listed  # never heartbeated: reaped after its TTL, as it should be
+                    # never heartbeated: reaped after its TTL, as it should be (waited for, not slept on)
+                    listed = lambda: {r["sandbox_id"] for r in admin.get("/sandboxes").json()}
+                    assert wait_until(lambda: "orch-own" not in listed(), 30), listed()
+                    assert box.sandbox_id not in listed()  # by then several reconcile passes have seen it
                 assert box.exec("echo alive").stdout == "alive\n"
                 # a restart (in-memory store: all it runs is adopted again) takes its own only
                 with _client(orch, ADMIN) as admin:

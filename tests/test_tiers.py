@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 from tiers import FULL_ONLY_COMPONENTS, SLOW, why_slow
@@ -47,3 +49,24 @@ def test_the_hook_sends_containers_heavy_components_and_listed_tests_to_the_full
     assert why_slow(_Item("tests/test_train_grpo.py::test_anything"))
     assert why_slow(_Item("tests/test_conformance.py::test_memory_limit[local-bwrap]"))
     assert why_slow(_Item("tests/test_conformance.py::test_memory_limit_other[local-bwrap]")) is None
+
+
+def test_loadgroup_keeps_each_module_in_one_worker_in_order():
+    """pytest 9 broke xdist's own `--dist loadgroup` (it appends the group to `Item._nodeid`, which
+    pytest 9 no longer reads): every test was scheduled alone, and a docs page's blocks ran in two
+    workers. tiers.py's scheduler groups them again."""
+    modules = ["tests/test_http1.py", "tests/test_renames.py"]
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
+                        "-v", *modules], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:]
+    ran: dict[str, list[tuple[str, str]]] = {}
+    for line in r.stdout.splitlines():
+        m = re.match(r"\[(gw\d+)\] \[ *\d+%\] (?:PASSED|FAILED|SKIPPED|ERROR) (tests/[^:]+)::(.+?) *$", line)
+        if m:
+            ran.setdefault(m.group(2), []).append((m.group(1), m.group(3)))
+    assert sorted(ran) == modules, r.stdout[-3000:]
+    for module, runs in ran.items():
+        assert len({worker for worker, _ in runs}) == 1, (module, runs)
+        listed = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                                 module], cwd=REPO, capture_output=True, text=True, timeout=300).stdout
+        assert [name for _, name in runs] == [line.split("::", 1)[1] for line in listed.splitlines() if "::" in line]

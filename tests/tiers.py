@@ -12,6 +12,11 @@ The hook is imported into tests/conftest.py.
 
 from __future__ import annotations
 
+import atexit
+import glob
+import json
+import os
+
 import pytest
 
 FULL_ONLY_COMPONENTS = frozenset({"docker", "kubernetes", "swe-images", "harnesses", "claude-code", "gui",
@@ -94,6 +99,7 @@ SLOW = {
     "tests/test_require.py::test_the_docker_backend_suite_fails_without_its_engine_only_when_required":
         "a child pytest run",
     "tests/test_packaging.py::test_wheel_installs_only_orchard_gym": "builds and installs a wheel",
+    "tests/test_tiers.py::test_loadgroup_keeps_each_module_in_one_worker_in_order": "child pytest runs, two workers",
     "tests/test_security_agent.py::test_orchestrator_streams_downloads_and_passes_the_413": "moves 190 MiB",
     "tests/test_security_service.py::test_in_process_sandbox_in_the_orchestrators_root_is_never_adopted":
         "waits out reconcile passes",
@@ -101,6 +107,31 @@ SLOW = {
         "Redis and orchestrator restarts",
     "tests/test_security_service_redis.py::"
     "test_redis_requirepass_right_password_works_wrong_or_missing_fails_at_start": "Redis and orchestrator restarts",
+    # measured in the fast tier (junit, 1 worker, load 5-28 on 2 cores; ~1/3 of that on a quiet machine):
+    # each starts its own orchestrators, Redis servers or CLI processes
+    "tests/test_security_service_redis.py::test_rediss_with_a_password_and_a_ca":
+        "a TLS Redis, an orchestrator and a failing serve (45 s under load)",
+    "tests/test_security_service_redis.py::test_redis_over_a_unix_socket_with_a_password":
+        "Redis and orchestrator starts (33 s under load)",
+    "tests/test_security_service_redis.py::test_bad_redis_url_on_the_command_line_is_one_clear_line":
+        "two serve processes that fail at start (26 s under load)",
+    "tests/test_pool.py::test_orchestrator_pool_claims_belong_to_the_claiming_key": "two orchestrators (30 s under load)",
+    "tests/test_security_service.py::test_delete_during_a_slow_create_leaves_no_sandbox[other-replica]":
+        "Redis and a second replica (26 s under load)",
+    "tests/test_security_service.py::test_in_process_sandboxes_survive_an_orchestrator_on_the_default_roots":
+        "its own orchestrator, a TTL and reconcile passes (17 s under load)",
+    "tests/test_security_service.py::test_garbage_keys_in_the_environment_stop_serve_with_one_line":
+        "serve processes (12 s under load)",
+    "tests/test_service.py::test_saturation_gives_503_and_the_sdk_retries": "its own orchestrator (21 s under load)",
+    "tests/test_service.py::test_restarted_replica_adopts_its_sandboxes": "an orchestrator restart (19 s under load)",
+    "tests/test_service.py::test_client_that_stops_heartbeating_has_its_sandboxes_reaped":
+        "its own orchestrator and a TTL (17 s under load)",
+    "tests/test_swe_datasets.py::test_swebench_records_load_from_json_jsonl_parquet_and_datasets_folders":
+        "imports datasets and pyarrow (17 s under load)",
+    "tests/test_swe_datasets.py::test_tasks_check_as_a_command": "CLI processes (10 s under load)",
+    "tests/test_local_backend.py::test_orchard_sandbox_gc_sweeps_dead_clients": "CLI processes (12 s under load)",
+    "tests/test_pool.py::test_failed_creates_are_retried_with_backoff_and_close_cuts_the_wait":
+        "waits out retry backoffs (10 s under load)",
 }
 
 
@@ -142,19 +173,58 @@ def uses_podman(item: pytest.Item) -> bool:
     return any(mark.args and mark.args[0] in PODMAN_COMPONENTS for mark in item.iter_markers("needs"))
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which turns the groups into node ids
+# The xdist groups, handed from the workers (which collect) to the controller's scheduler (which
+# does not): pytest 9 keeps a node id in `Item._id`, so xdist 3.8's loadgroup, which appends
+# "@group" to `Item._nodeid`, no longer groups anything: every test was scheduled on its own (a
+# docs page's blocks in two workers, module fixtures made twice, Podman tests side by side).
+GROUPS = "ORCHARD_XDIST_GROUPS"  # the file stem: set in the controller, inherited by its workers
+if not os.environ.get("PYTEST_XDIST_WORKER"):  # a controller (or a plain run): its own stem
+    os.environ[GROUPS] = f"/tmp/orchard-xdist-groups-{os.getpid()}"
+    atexit.register(lambda stem=os.environ[GROUPS]: [os.unlink(f) for f in glob.glob(stem + ".*")])
+
+
+def group_of(item: pytest.Item) -> str:
+    """A module's tests stay in one worker, in order, sharing its module fixtures; every test that
+    drives Podman runs in one worker, one at a time (concurrent creates and deletes on the one
+    engine gave "no such container" under load, and the host-guard and leak checks list every
+    container)."""
+    return "podman" if uses_podman(item) else item.nodeid.partition("::")[0]
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not item.get_closest_marker("slow") and why_slow(item):
             item.add_marker(pytest.mark.slow)
-        # --dist loadgroup (scripts/test.sh): a module's tests stay in one worker, in order, sharing
-        # its module fixtures; every test that drives Podman runs in one worker, one at a time
-        # (concurrent creates and deletes on the one engine gave "no such container" under load, and
-        # the host-guard and leak checks list every container)
-        module = item.nodeid.partition("::")[0]
-        item.add_marker(pytest.mark.xdist_group("podman" if uses_podman(item) else module))
+        item.add_marker(pytest.mark.xdist_group(group_of(item)))
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:  # for the scheduler below, before this worker reports its collection
+        path = f"{os.environ[GROUPS]}.{worker}"
+        with open(path + ".tmp", "w") as f:
+            json.dump({item.nodeid: group_of(item) for item in items}, f)
+        os.replace(path + ".tmp", path)
     if config.getoption("fast"):  # as -m "not slow" would (and on top of any -m given)
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadgroup` that works under pytest 9: xdist's scope scheduling (a scope's tests go
+    to one worker, in order), with the groups the workers wrote at collection."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                files = sorted(glob.glob(os.environ[GROUPS] + ".gw*"))
+                files = [f for f in files if not f.endswith(".tmp")]
+                self.groups = json.loads(open(files[0]).read()) if files else {}
+            return self.groups.get(nodeid) or nodeid.partition("::")[0]
+
+    return GroupScheduling(config, log)
