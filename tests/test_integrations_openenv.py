@@ -4,7 +4,6 @@ Rewards must equal `gym.make`'s for the same actions; sessions end with their sa
 
 from __future__ import annotations
 
-import asyncio
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import gymnasium as gym
 import httpx
 import pytest
 
+from adapter_helpers import gym_reward, live_sandboxes
 from conftest import require_module, wait_until
 
 require_module("integrations", "openenv")
@@ -22,7 +22,6 @@ uvicorn = require_module("server", "uvicorn")
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 import orchard_gym  # noqa: E402, F401
-from orchard_gym.client import AsyncSandboxClient  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
 from orchard_gym.integrations.openenv import create_app  # noqa: E402
 
@@ -51,26 +50,6 @@ class Server:
     def close(self):
         self.server.should_exit = True
         self.thread.join(30)
-
-
-def live_sandboxes(backend) -> list:
-    async def listing():
-        async with AsyncSandboxClient(backend) as client:
-            return await client.list_sandboxes()
-
-    return asyncio.run(listing())
-
-
-def gym_reward(env_id, task_id, actions, **kwargs) -> float:
-    env = gym.make(env_id, **kwargs)
-    try:
-        env.reset(options={"task_id": task_id})
-        for action in actions:
-            _, reward, terminated, truncated, _ = env.step(action)
-        assert terminated or truncated
-        return reward
-    finally:
-        env.close()
 
 
 def openenv_episode(url, task_id, actions):

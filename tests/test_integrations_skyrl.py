@@ -3,41 +3,22 @@ whole Claw-v0 and SWE-v0 episodes get the rewards `gym.make` gives for the same 
 
 from __future__ import annotations
 
-import asyncio
-import json
 
 import gymnasium as gym
 import pytest
 
+from adapter_helpers import as_text, gym_reward, live_sandboxes
 from conftest import require_module
 
 skyrl_gym = require_module("integrations", "skyrl_gym")
 
 import orchard_gym  # noqa: E402, F401
-from orchard_gym.client import AsyncSandboxClient  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
 from orchard_gym.integrations.skyrl import register_envs  # noqa: E402
 
 CLAW_TASK = "calendar-answer-001"
 SWE_TASK = "semver-3.0.2"
 SWE = load_tasks("builtin")[SWE_TASK]
-
-
-def as_text(call: dict) -> str:
-    """A tool call as a model writes it (Qwen/Hermes style)."""
-    return f"Let me act.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-
-
-def gym_reward(env_id, task_id, actions, **kwargs) -> float:
-    env = gym.make(env_id, **kwargs)
-    try:
-        env.reset(options={"task_id": task_id})
-        for action in actions:
-            _, reward, terminated, truncated, _ = env.step(action)
-        assert terminated or truncated
-        return reward
-    finally:
-        env.close()
 
 
 def skyrl_episode(env_id, task_id, actions, config) -> tuple[float, dict]:
@@ -51,14 +32,6 @@ def skyrl_episode(env_id, task_id, actions, config) -> tuple[float, dict]:
         return out["reward"], out["metadata"]
     finally:
         env.close()
-
-
-def live_sandboxes(backend) -> list:
-    async def listing():
-        async with AsyncSandboxClient(backend) as client:
-            return await client.list_sandboxes()
-
-    return asyncio.run(listing())
 
 
 def test_claw_episodes_in_skyrl_registry(local_root):

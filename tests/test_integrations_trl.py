@@ -14,6 +14,7 @@ import json
 import gymnasium as gym
 import pytest
 
+from adapter_helpers import live_sandboxes
 from conftest import require_module
 
 torch = require_module("train", "torch")
@@ -22,7 +23,6 @@ require_module("train", "trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from orchard_gym.algos.tiny import build_tiny_model  # noqa: E402
-from orchard_gym.client import AsyncSandboxClient  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
 from orchard_gym.envs.toy.env import make_tasks  # noqa: E402
 from orchard_gym.integrations.trl import build_dataset, environment_factory  # noqa: E402
@@ -141,14 +141,6 @@ def replay(env_id: str, trajectory, **env_kwargs) -> float:
         return reward
     finally:
         env.close()
-
-
-def live_sandboxes(backend) -> list:
-    async def listing():
-        async with AsyncSandboxClient(backend) as client:
-            return await client.list_sandboxes()
-
-    return asyncio.run(listing())
 
 
 def test_grpo_step_on_toy_rewards_equal_gym_make(tiny, local_root, tmp_path):

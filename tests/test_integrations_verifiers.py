@@ -14,6 +14,7 @@ import time
 import gymnasium as gym
 import pytest
 
+from adapter_helpers import as_text, gym_reward, live_sandboxes
 from conftest import require
 
 import orchard_gym  # noqa: F401
@@ -27,31 +28,6 @@ pytestmark = pytest.mark.timeout(900)
 CLAW_TASK = "calendar-answer-001"
 SWE_TASK = "semver-3.0.2"
 SUBMIT = {"name": "submit", "arguments": {}}
-
-
-def as_text(call: dict) -> str:
-    """A tool call as a model writes it (Qwen/Hermes style)."""
-    return f"Let me act.\n<tool_call>\n{json.dumps(call)}\n</tool_call>"
-
-
-def gym_reward(env_id, task_id, actions, **kwargs) -> float:
-    env = gym.make(env_id, **kwargs)
-    try:
-        env.reset(options={"task_id": task_id})
-        for action in actions:
-            _, reward, terminated, truncated, _ = env.step(action)
-        assert terminated or truncated
-        return reward
-    finally:
-        env.close()
-
-
-def live_sandboxes(backend) -> list:
-    async def listing():
-        async with AsyncSandboxClient(backend) as client:
-            return await client.list_sandboxes()
-
-    return asyncio.run(listing())
 
 
 CLAW_ORACLE = gym.make("Orchard/Claw-v0").unwrapped.get_task(CLAW_TASK).oracle + [SUBMIT]
