@@ -299,10 +299,8 @@ def docker_engine() -> tuple[str | None, str]:
         client.close()
 
 
-def gui_image_why_not() -> str | None:
-    """Why the GUI env's image (scripts/build_gui_image.sh) cannot be used here, or None."""
-    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
-
+def image_why_not(image: str, build: str) -> str | None:
+    """Why `image` (made by the command `build`) cannot be used on the engine here, or None."""
     gateway, why_not = docker_engine()
     if gateway is None:
         return why_not
@@ -312,12 +310,19 @@ def gui_image_why_not() -> str | None:
 
     client = docker.DockerClient(base_url=default_base_url(), timeout=10)
     try:
-        client.api.inspect_image(DEFAULT_IMAGE)
+        client.api.inspect_image(image)
     except docker.errors.ImageNotFound:
-        return f"{DEFAULT_IMAGE} is missing (run scripts/build_gui_image.sh)"
+        return f"{image} is missing (run {build})"
     finally:
         client.close()
     return None
+
+
+def gui_image_why_not() -> str | None:
+    """Why the GUI env's image (scripts/build_gui_image.sh) cannot be used here, or None."""
+    from orchard_gym.envs.gui.env import DEFAULT_IMAGE
+
+    return image_why_not(DEFAULT_IMAGE, "scripts/build_gui_image.sh")
 
 
 @pytest.fixture(params=conformance_params())

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import client_kwargs, docker_engine, fake_k8s_unavailable, needs, wait_until
+import conftest
+from conftest import client_kwargs, fake_k8s_unavailable, needs, wait_until
 from orchard_gym import InvalidRequest, PtyError, SandboxClient
 
 # python3 and bash: the SWE base image (scripts/build_swe_images.py), besides the local host
@@ -14,26 +15,8 @@ IMAGE = "localhost/orchard/swe-base:latest"
 LIVE = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
 
 
-def _image_why_not() -> str:
-    gateway, why = docker_engine()
-    if gateway is None:
-        return why
-    import docker
-
-    from orchard_gym.backends.docker import default_base_url
-
-    client = docker.DockerClient(base_url=default_base_url(), timeout=10)
-    try:
-        client.api.inspect_image(IMAGE)
-        return ""
-    except docker.errors.ImageNotFound:
-        return f"{IMAGE} is missing (python scripts/build_swe_images.py)"
-    finally:
-        client.close()
-
-
 def _cases():
-    image_why_not = _image_why_not()
+    image_why_not = conftest.image_why_not(IMAGE, "python scripts/build_swe_images.py") or ""
     return [pytest.param({"config": {"type": "local"}, "image": None}, id="local"),
             pytest.param({"config": {"type": "local"}, "image": None, "remote": True}, id="remote-local"),
             pytest.param({"config": {"type": "docker"}, "image": IMAGE}, id="docker",

@@ -27,6 +27,7 @@ import trl.trainer.grpo_trainer as trl_grpo  # noqa: E402
 from orchard_gym.algos import vllm_turns  # noqa: E402
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, make_grpo_config  # noqa: E402
+from orchard_gym.algos.pool_tokens import spans_of  # noqa: E402
 from orchard_gym.algos.tiny import build_model, build_tiny_model, toy_corpus  # noqa: E402
 from orchard_gym.envs.toy.env import make_tasks  # noqa: E402
 
@@ -123,18 +124,6 @@ def agent_args(local_root, **kw) -> AgentGRPOArgs:
     return AgentGRPOArgs(**defaults)
 
 
-def runs(mask):
-    """(start, end) of each run of 1s."""
-    out, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            out.append((start, i))
-            start = None
-    return out
-
-
 def train_with_fake(args, tiny, tmp_path, steps):
     model, tok, _ = tiny
     model = copy.deepcopy(model)
@@ -174,7 +163,7 @@ def check_every_turn_went_through_vllm(fake, batches, steps):
     turns = 0
     for samples, _, _ in batches:
         for s in samples:
-            for start, end in runs(s.action_mask):
+            for start, end in spans_of(s.action_mask):
                 context = tuple(s.prompt_ids + s.completion_ids[:start])
                 options = [(c[:cap], lp[:cap]) for c, lp, cap in answered.get(context, [])]
                 assert (s.completion_ids[start:end], s.logprobs[start:end]) in [
