@@ -251,6 +251,10 @@ class DockerBackend(Backend):
             return self._create_once(spec)
         except _ContainerLost:  # the engine lost the fresh container (see container_lost): once more
             log.warning("the engine lost a fresh container; creating it again")
+        except derr.APIError as e:  # ... or a helper container on the way (the agent bundle's filler)
+            if not container_lost(e):
+                raise
+            log.warning("the engine lost a container while preparing a sandbox (%s); once more", e.explanation or e)
         try:
             return self._create_once(spec)
         except _ContainerLost as e:

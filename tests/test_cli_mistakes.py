@@ -121,7 +121,7 @@ def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
     # past its 108-byte limit, and every sandbox failed to start
     root = short_root("cli")
     env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(root)}
-    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "400"],
+    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "20000"],  # far longer than `after`, at any speed
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(after)
     p.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground process)

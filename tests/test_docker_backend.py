@@ -151,6 +151,28 @@ def test_a_container_the_engine_loses_while_starting_is_made_again_once(client, 
         backend.api.start = real_start
 
 
+def test_a_bundle_filler_the_engine_loses_is_made_again_once():
+    """The same Podman answer for the agent bundle's filler container (started by a backend's
+    first create): the create is made once more, and the sandbox works."""
+    with SandboxClient({"type": "docker"}) as fresh:  # its first create fills the bundle volume
+        backend = fresh.backend
+        real_start, removed = backend.api.start, []
+
+        def start_after_removal(name, *args, **kwargs):
+            if not removed and name.endswith("-fill"):
+                backend.api.remove_container(name, force=True)
+                removed.append(name)
+            return real_start(name, *args, **kwargs)
+
+        backend.api.start = start_after_removal
+        try:
+            with fresh.create_sandbox(image=BUSYBOX) as box:
+                assert box.exec("echo up").stdout == "up\n"
+        finally:
+            backend.api.start = real_start
+        assert len(removed) == 1 and not leftovers(backend, box.sandbox_id)
+
+
 def test_failed_container_says_why(client):
     box = client.create_sandbox(image=BUSYBOX)
     with pytest.raises(OrchardError):  # a typed error, whichever the race gives

@@ -19,12 +19,13 @@ def test_wheel_installs_only_orchard_gym(tmp_path):
     wheel = next(tmp_path.glob("orchard_gym-*.whl"))
     tops = {name.split("/")[0] for name in zipfile.ZipFile(wheel).namelist()}
     dist_info = "-".join(wheel.name.split("-")[:2]) + ".dist-info"
-    assert tops == {"orchard_gym", dist_info}
+    # orchard_verifiers: verifiers imports a taskset id as a top-level module (integrations/verifiers.py)
+    assert tops == {"orchard_gym", "orchard_verifiers", dist_info}
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True, capture_output=True)
     installed = {p.name for p in target.iterdir() if not p.name.endswith(".dist-info")}
-    assert installed - {"bin"} == {"orchard_gym"}  # bin/ holds the console script
+    assert installed - {"bin"} == {"orchard_gym", "orchard_verifiers"}  # bin/ holds the console script
     # import from the wheel alone (-S: no .pth files, so not the editable install), deps from site-packages
     probe = (
         "import sys, importlib.util;"

@@ -210,6 +210,7 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
 
 
+@pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
 def pytest_xdist_make_scheduler(config, log):
     """`--dist loadgroup` that works under pytest 9: xdist's scope scheduling (a scope's tests go
     to one worker, in order), with the groups the workers wrote at collection."""
