@@ -182,7 +182,7 @@ def scalar_reward(rewards: dict) -> float:
         raise ValueError(f"key(s) {', '.join(map(repr, odd))} not a finite number (Harbor needs every key to be one)")
     if "reward" in rewards:
         return float(rewards["reward"])
-    if not rewards or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in rewards.values()):
+    if not rewards or any(isinstance(v, bool) for v in rewards.values()):  # every key is a number by now
         raise ValueError("no 'reward' key, and not every key is a number to average")
     return sum(float(v) for v in rewards.values()) / len(rewards)
 
