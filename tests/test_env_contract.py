@@ -22,7 +22,6 @@ CORE = "envs/base.py"
 FOLDERS = ("orchard_gym", "backends", "envs", "wrappers", "algos", "scripts", "tests")
 # (file, expression) -> why it is not an env's private state. Short on purpose.
 NOT_AN_ENV = {
-    ("tests/test_integrations_trl.py", "env._on_loop"): "TRL's OrchardEnvironment (integrations/trl.py), not a SandboxEnv",
     ("tests/test_integrations_trl.py", "env._episode"): "TRL's OrchardEnvironment: the test kills the sandbox under it",
     ("tests/test_integrations_gui.py", "env._episode"): "TRL's OrchardEnvironment: the oracle reads its episode's page",
     ("tests/test_integrations_gui.py", "env._observation"): "the OpenEnv-v0 client env's decoding, tested without a server",

@@ -192,7 +192,7 @@ def test_errored_episode_is_unscorable_not_zero(local_root):
 
     async def episode():
         await env.bash(command="true")
-        await env._on_loop(env._episode.env.sandbox.delete())  # the sandbox dies under the episode
+        await factory.hub.arun(env._episode.env.sandbox.delete())  # the sandbox dies under the episode
         return await env.bash(command="true"), await env.get_reward()
 
     observation, reward = asyncio.run(episode())

@@ -34,7 +34,6 @@ observations, as the GUI env itself does.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from typing import Any
@@ -85,14 +84,12 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
         self.episode: Episode = hub.episode()
         self._state = OrchardState()
 
-    async def _on_loop(self, coro):
-        return await asyncio.wrap_future(self.hub.submit(coro))
 
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           task_id: str | None = None, **kwargs: Any) -> OrchardObservation:
         if task_id is not None:
             self.hub.check_task(task_id)
-        obs = await self._on_loop(self.episode.start(task_id, seed))
+        obs = await self.hub.arun(self.episode.start(task_id, seed))
         task = self.episode.env.trajectory.task_id
         self._state = OrchardState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, task_id=task)
         return OrchardObservation(**_content(obs), task_id=task, tools=self.hub.tool_schemas)
@@ -101,7 +98,7 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
                          **kwargs: Any) -> OrchardObservation:
         call = {"name": action.tool, "arguments": action.arguments}
         try:
-            seen, reward, terminated, truncated, info = await self._on_loop(self.episode.step(call))
+            seen, reward, terminated, truncated, info = await self.hub.arun(self.episode.step(call))
         except EpisodeOver as e:
             outcome = self.episode.outcome
             self._state.done = True
@@ -153,7 +150,7 @@ def create_app(env_id: str, *, max_sessions: int = 8, session_timeout: float | N
                              concurrency_config=ConcurrencyConfig(max_concurrent_envs=max_sessions,
                                                                   session_timeout=session_timeout))
     app.state.orchard_hub = hub
-    app.router.on_shutdown.append(lambda: asyncio.wrap_future(hub.submit(hub.aclose())))
+    app.router.on_shutdown.append(lambda: hub.submit(hub.aclose()))  # scheduled on the hub's loop at once
     return app
 
 

@@ -40,7 +40,6 @@ mixed run: `build_dataset(that_dict)` gives rows with the `environment` column T
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import inspect
 import json
@@ -92,11 +91,11 @@ class OrchardEnvironment:
     async def get_reward(self) -> float | None:
         """The env's graded reward; None (TRL: unscorable, dropped) when the episode errored."""
         try:
-            outcome = await self._on_loop(self._episode.finish())
+            outcome = await self._factory.hub.arun(self._episode.finish())
         except EpisodeOver as e:  # reset was never called
             outcome = Outcome(None, str(e), "infrastructure")
         finally:
-            await self._on_loop(self._episode.release())
+            await self._factory.hub.arun(self._episode.release())
         if outcome.error is not None:
             self._factory.record_error(self._task_id, outcome)
             return None
@@ -109,13 +108,10 @@ class OrchardEnvironment:
 
     async def _call(self, tool: str, arguments: dict) -> str | list[dict]:
         try:
-            return trl_content(await self._on_loop(self._episode.call(tool, arguments)))
+            return trl_content(await self._factory.hub.arun(self._episode.call(tool, arguments)))
         except EpisodeOver as e:
             return str(e)
 
-    async def _on_loop(self, coro):
-        # the env and its client live on the package's loop; TRL awaits tools on its own
-        return await asyncio.wrap_future(self._factory.hub.submit(coro))
 
 
 def trl_content(obs: Any) -> str | list[dict]:
