@@ -120,9 +120,9 @@ def inprocess(args, root: Path) -> dict:
         async with AsyncSandboxClient(backend_config(args.backend, root)) as client:
             return await run_lifecycles(client, args.n, args.concurrency, args.image)
 
-    cpu = _cpu_seconds(os.getpid())
+    cpu = cpu_seconds(os.getpid())
     result = asyncio.run(main())
-    result["cpu"] = {"client": _cpu_seconds(os.getpid()) - cpu}  # the SDK and the backend, in this process
+    result["cpu"] = {"client": cpu_seconds(os.getpid()) - cpu}  # the SDK and the backend, in this process
     result["leaked"] = leaked(result["ids"], root if args.backend == "local" else None)
     return result
 
@@ -147,10 +147,10 @@ def orchestrated(args, root: Path) -> dict:
             async with AsyncSandboxClient(base_url=orch.url, api_key=API_KEY, retry=retry) as client:
                 return await run_lifecycles(client, args.n, args.concurrency, args.image)
 
-        self_cpu, orch_cpu = _cpu_seconds(os.getpid()), _cpu_seconds(orch.proc.pid)  # its start-up not counted
+        self_cpu, orch_cpu = cpu_seconds(os.getpid()), cpu_seconds(orch.proc.pid)  # its start-up not counted
         result = asyncio.run(main())
-        result["cpu"] = {"orchestrator": _cpu_seconds(orch.proc.pid) - orch_cpu,
-                         "client": _cpu_seconds(os.getpid()) - self_cpu}
+        result["cpu"] = {"orchestrator": cpu_seconds(orch.proc.pid) - orch_cpu,
+                         "client": cpu_seconds(os.getpid()) - self_cpu}
         result["requests"] = _requests_served(orch.url)  # read after the CPU: the scrape is not counted
     finally:
         orch.stop()
@@ -200,7 +200,7 @@ def _requests_served(url: str) -> int:
                    if line.startswith("orchard_http_requests_total{")))
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """user+system CPU seconds a process has used (not its children)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
