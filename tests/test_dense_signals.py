@@ -35,7 +35,8 @@ from orchard_gym.algos.rpr import (  # noqa: E402
     parse_verdict,
     summarise,
 )
-from orchard_gym.algos.tiny import build_model, build_tiny_model, build_tokenizer, toy_corpus  # noqa: E402
+from tiny_pair import student_and_teacher  # noqa: E402
+from orchard_gym.algos.tiny import build_tokenizer  # noqa: E402
 from orchard_gym.envs.toy.env import ToyEnv, make_tasks  # noqa: E402
 from orchard_gym.trajectory import Trajectory, Turn  # noqa: E402
 
@@ -46,14 +47,7 @@ SYSTEM = "Act."
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    student, tok = build_tiny_model(toy_corpus(TASKS.values(), SYSTEM), path, vocab_size=512, hidden_size=32,
-                                    num_layers=1, intermediate_size=64)
-    teacher = build_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=1)
-    tpath = tmp_path_factory.mktemp("teacher")
-    teacher.save_pretrained(str(tpath))
-    tok.save_pretrained(str(tpath))
-    return student, teacher, tok, tpath
+    return student_and_teacher(tmp_path_factory, TASKS, SYSTEM)
 
 
 def make_env(client, max_steps, max_seconds):

@@ -28,7 +28,7 @@ from orchard_gym.algos import vllm_turns  # noqa: E402
 from orchard_gym.algos.agent_rollout import SamplingParams  # noqa: E402
 from orchard_gym.algos.grpo import AgentGRPOArgs, build_trainer, make_grpo_config  # noqa: E402
 from orchard_gym.algos.pool_tokens import spans_of  # noqa: E402
-from orchard_gym.algos.tiny import build_model, build_tiny_model, toy_corpus  # noqa: E402
+from tiny_pair import student_and_teacher  # noqa: E402
 from orchard_gym.envs.toy.env import make_tasks  # noqa: E402
 
 torch.set_num_threads(1)
@@ -93,13 +93,7 @@ class HFBackedVLLMGeneration:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny")
-    model, tok = build_tiny_model(toy_corpus(TASKS.values(), SYSTEM), path, vocab_size=512, hidden_size=32,
-                                  num_layers=1, intermediate_size=64)
-    teacher = build_model(tok, hidden_size=32, num_layers=1, intermediate_size=64, seed=1)
-    tpath = tmp_path_factory.mktemp("teacher")
-    teacher.save_pretrained(str(tpath))
-    tok.save_pretrained(str(tpath))
+    model, _, tok, tpath = student_and_teacher(tmp_path_factory, TASKS, SYSTEM)
     return model, tok, tpath
 
 
