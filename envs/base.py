@@ -114,6 +114,7 @@ class SandboxEnv(gym.Env):
         self.trajectory: Trajectory | None = None
         self.ctx: ToolContext | None = None  # the live episode's tool context (None: no live sandbox)
         self.snapshots = forking.SnapshotBook()  # the snapshots this env holds (envs/forking.py)
+        self._deleting: asyncio.Future | None = None  # the last episode's sandbox, being deleted (a reset)
         self._started = 0.0
         self._done = False
         self._last_obs: Any = ""
@@ -394,13 +395,13 @@ class SandboxEnv(gym.Env):
         freeing its disk) goes on while the next episode starts, and is awaited by the next
         release or close, so at most one is in flight per env."""
         sandbox, self.sandbox, self.ctx = self.sandbox, None, None
-        pending = self.__dict__.pop("_deleting", None)
+        pending, self._deleting = self._deleting, None
         if pending is not None:
             await pending
         if sandbox is not None:
             if background:
                 await sandbox.collect_usage()
-                self.__dict__["_deleting"] = asyncio.ensure_future(_delete_quietly(sandbox))
+                self._deleting = asyncio.ensure_future(_delete_quietly(sandbox))
             else:
                 await _delete_quietly(sandbox)
             charge_sandbox(self.trajectory, sandbox)  # its usage, read by delete(), into the episode's ledger
@@ -421,7 +422,7 @@ class SandboxEnv(gym.Env):
         closes with the last env that shares it) and a copy of the random generator."""
         child = copy.copy(self)
         child.snapshots = forking.SnapshotBook()
-        child.__dict__.pop("_deleting", None)  # the parent's last sandbox, still being deleted, is the parent's
+        child._deleting = None  # the parent's last sandbox, still being deleted, is the parent's
         child.sandbox, child.ctx, child.trajectory, child.task = None, None, None, None
         if self._owns_client and self._client is not None:
             forking.add_user(self._client)
