@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_parent, args=(parent, runner), daemon=True).start()
     if args.ready_file:
         open(args.ready_file, "w").close()
-    server.serve_forever(poll_interval=3600)
+    server.serve_until_signalled()
     return 0
 
 
