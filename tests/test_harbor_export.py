@@ -1,7 +1,7 @@
 """`orchard tasks export --format harbor` of Orchard/SWE-v0 tasks: the folders pass `orchard tasks
 check`, run in Orchard/Harbor-v0 (oracle 1.0, nothing 0.0 for every built-in task), and their
 verifier grades as envs/swe does (its log grading against SWE-bench's, the protected-path restore
-red-teamed). Claw tasks are refused with their reason."""
+red-teamed). Claw tasks: test_harbor_export_claw.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from click.testing import CliRunner
 import orchard_gym  # noqa: F401
 from orchard_gym.cli import main
 from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy
-from orchard_gym.envs.harbor.export import export_tasks
 from orchard_gym.envs.swe.grading import grade as swe_grade
 from orchard_gym.envs.swe.tasks import load_tasks
 
@@ -150,13 +149,3 @@ def test_an_exported_swe_task_builds_and_grades_on_docker(swe_export):
         assert reward == 0.0 and not info.get("error"), info
     finally:
         env.close()
-
-
-def test_claw_tasks_are_refused_with_their_reason(tmp_path):
-    from orchard_gym.envs.claw.tasks import load_tasks as claw_tasks
-
-    tasks = claw_tasks("builtin")
-    folders, refused = export_tasks(dict(list(tasks.items())[:3]), tmp_path, "Orchard/Claw-v0")
-    assert folders == [] and len(refused) == 3
-    assert all("claw tool service" in why for why in refused), refused
-    assert not any(tmp_path.iterdir())

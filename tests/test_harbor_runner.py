@@ -31,11 +31,11 @@ _GATEWAY, _WHY_NOT = docker_engine()
 
 
 def harbor_job(tasks: list[Path], jobs: Path, backend: str, concurrent: int = 4,
-               timeout: float = 1200) -> tuple[subprocess.CompletedProcess, dict[Path, dict]]:
-    """`harbor run -c job.json` with the oracle agent on Orchard sandboxes: (the process, each
-    trial's result.json by task folder)."""
+               timeout: float = 1200, agent: str = "oracle") -> tuple[subprocess.CompletedProcess, dict[Path, dict]]:
+    """`harbor run -c job.json` with Harbor's `agent` (oracle, nop) on Orchard sandboxes: (the process,
+    each trial's result.json by task folder)."""
     config = {"job_name": "orchard", "jobs_dir": str(jobs), "n_concurrent_trials": concurrent, "quiet": True,
-              "agents": [{"name": "oracle"}],
+              "agents": [{"name": agent}],
               "environment": {"import_path": HARBOR_ENV, "kwargs": {"backend": backend}},
               "tasks": [{"path": str(t)} for t in tasks]}
     jobs.mkdir(parents=True, exist_ok=True)

@@ -93,6 +93,10 @@ SLOW = {
     "tests/test_harbor_export.py::test_every_builtin_swe_task_exported_oracle_passes_nothing_fails":
         "every SWE task's test suite, twice",
     "tests/test_harbor_export.py::test_a_conftest_forcing_passes_is_put_back_before_the_tests_run": "graded episodes",
+    "tests/test_harbor_export_claw.py::test_every_builtin_claw_task_exported_oracle_passes_nothing_fails":
+        "140 graded Claw episodes",
+    "tests/test_harbor_export_claw.py::test_harbors_runner_grades_exported_claw_tasks_as_orchard_does":
+        "a harbor run job and an orchard eval",
     "tests/test_claw_judge.py::test_a_failing_judge_errors_the_trajectory": "judge retries",
     "tests/test_cgroups.py::test_cpu_seconds_of_a_one_second_loop_read_about_one": "CPU accounting wants a quiet CPU",
     "tests/test_require.py::test_a_missing_engine_skips_unless_required": "child pytest runs",

@@ -4,8 +4,7 @@ Tasks graded by a shell check over files (Orchard/Toy-v0 and any task with `file
 `solution`): the files go into `environment/` and a `COPY`, the check becomes `tests/test.sh`
 writing `/logs/verifier/reward.txt`, the solution `solution/solve.sh`. Orchard/SWE-v0 tasks:
 `export_swe.py`. A task that cannot be exported is refused with its reason (`export_tasks`
-returns them; the rest are written): Claw tasks (a tool service and signed world state the
-verifier would need), image-based SWE tasks.
+returns them; the rest are written). Orchard/Claw-v0 tasks: `export_claw.py`.
 """
 
 from __future__ import annotations
@@ -22,15 +21,17 @@ def _toml_string(text: str) -> str:
     return json.dumps(text)  # a JSON string is a valid TOML basic string
 
 
-def export_task(task: Any, out: Path, env_id: str, base_image: str = BASE_IMAGE) -> Path:
-    """Write one task's folder under `out`; ValueError (with the reason) when it cannot be exported."""
+def export_task(task: Any, out: Path, env_id: str, base_image: str | None = None) -> Path:
+    """Write one task's folder under `out`; ValueError (with the reason) when it cannot be exported.
+    `base_image`: the Dockerfiles' FROM (None: each kind's own, e.g. an image with python3 for Claw)."""
     if hasattr(task, "instance_id") and hasattr(task, "FAIL_TO_PASS"):  # an SWETask
         from .export_swe import export_swe_task
 
-        return export_swe_task(task, out / task.instance_id, env_id, base_image, _toml_string)
+        return export_swe_task(task, out / task.instance_id, env_id, base_image or BASE_IMAGE, _toml_string)
     if hasattr(task, "checks") and hasattr(task, "services"):  # a ClawTask
-        raise ValueError(f"{env_id} task {task.task_id!r}: Claw tasks are graded by checks over the claw tool "
-                         f"service's signed world state, which a Harbor verifier cannot read: not exported")
+        from .export_claw import export_claw_task
+
+        return export_claw_task(task, out / task.task_id, env_id, base_image, _toml_string)
     for needed in ("files", "check", "solution", "instruction", "task_id"):
         if not hasattr(task, needed):
             name = getattr(task, "task_id", None) or getattr(task, "instance_id", None) or type(task).__name__
@@ -50,7 +51,7 @@ def export_task(task: Any, out: Path, env_id: str, base_image: str = BASE_IMAGE)
         '[environment]\nnetwork_mode = "no-network"\n')
     (folder / "instruction.md").write_text(f"Work in /app. {task.instruction.strip()}\n")
     copy = "COPY files/ /app/\n" if task.files else ""
-    (folder / "environment" / "Dockerfile").write_text(f"FROM {base_image}\nWORKDIR /app\n{copy}")
+    (folder / "environment" / "Dockerfile").write_text(f"FROM {base_image or BASE_IMAGE}\nWORKDIR /app\n{copy}")
     (folder / "solution" / "solve.sh").write_text(f"#!/bin/bash\ncd /app\n{task.solution}\n")
     (folder / "tests" / "test.sh").write_text(
         "#!/bin/bash\n# the env's own check, run in /app: exit 0 means solved\nmkdir -p /logs/verifier\n"
@@ -60,7 +61,7 @@ def export_task(task: Any, out: Path, env_id: str, base_image: str = BASE_IMAGE)
 
 
 def export_tasks(tasks: dict[str, Any], out: Path, env_id: str,
-                 base_image: str = BASE_IMAGE) -> tuple[list[Path], list[str]]:
+                 base_image: str | None = None) -> tuple[list[Path], list[str]]:
     """(the folders written, a reason for each task refused)."""
     folders, refused = [], []
     for _, task in sorted(tasks.items()):

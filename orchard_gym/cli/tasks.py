@@ -58,14 +58,16 @@ def _check_harbor(source: str, strict: bool) -> None:
 @click.option("--format", "fmt", type=click.Choice(["harbor"]), default="harbor", show_default=True)
 @click.option("--env", "env_id", default="Orchard/Toy-v0", show_default=True, help="registered env id")
 @click.option("--env-kwargs", default="{}", show_default=True, help="env kwargs as JSON (e.g. its tasks)")
-@click.option("--base-image", default="localhost/orchard/bookworm:latest", show_default=True,
-              help="FROM of the Dockerfiles written")
+@click.option("--task-id", "task_ids", multiple=True, help="export only these tasks (repeatable; default: all)")
+@click.option("--base-image", default=None,
+              help="FROM of the Dockerfiles written [default: localhost/orchard/bookworm:latest; Claw: "
+                   "localhost/orchard/swe-base:latest, which has python3]")
 @click.option("--out", type=click.Path(file_okay=False), required=True, help="folder for the task folders")
-def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
-    """Write an env's tasks as Harbor task folders (Toy, SWE; a task that cannot be exported is listed
-    with its reason and the exit status is 1).
+def export_cmd(fmt, env_id, env_kwargs, task_ids, base_image, out) -> None:
+    """Write an env's tasks as Harbor task folders (Toy, SWE, Claw; a task that cannot be exported is
+    listed with its reason and the exit status is 1).
 
-    Example: orchard tasks export --format harbor --env Orchard/Toy-v0 --out harbor-toy
+    Example: orchard tasks export --format harbor --env Orchard/Claw-v0 --out harbor-claw
     """
     import json
     from pathlib import Path
@@ -75,10 +77,28 @@ def export_cmd(fmt, env_id, env_kwargs, base_image, out) -> None:
     from orchard_gym.envs.harbor.export import export_tasks
 
     try:
-        env = gym.spec(env_id).make(**json.loads(env_kwargs), backend={"type": "local"}).unwrapped
-    except (gym.error.Error, ValueError) as e:
+        kwargs = json.loads(env_kwargs)
+        if not isinstance(kwargs, dict):
+            raise ValueError(f"--env-kwargs is a JSON object, not {env_kwargs!r}")
+        env = gym.spec(env_id).make(**kwargs, backend={"type": "local"}).unwrapped
+    except (gym.error.Error, ValueError, TypeError) as e:
         raise click.BadParameter(str(e), param_hint="--env / --env-kwargs") from None
-    folders, refused = export_tasks({t: env.get_task(t) for t in env.task_ids()}, Path(out), env_id, base_image)
+    known = env.task_ids()
+    unknown = [t for t in task_ids if t not in known]
+    if unknown:
+        shown = ", ".join(known[:10]) + (f", ... ({len(known)} in all)" if len(known) > 10 else "")
+        raise click.BadParameter(f"{env_id} has no task {', '.join(map(repr, unknown))}; its tasks: {shown}",
+                                 param_hint="--task-id")
+    folder = Path(out)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / ".orchard-export-probe").write_text("")
+        (folder / ".orchard-export-probe").unlink()
+    except OSError as e:
+        raise click.BadParameter(f"cannot write task folders in {out}: {e.strerror or e}", param_hint="--out") \
+            from None
+    chosen = task_ids or known
+    folders, refused = export_tasks({t: env.get_task(t) for t in chosen}, folder, env_id, base_image)
     for why in refused:
         click.echo(f"not exported: {why}", err=True)
     click.echo(f"{len(folders)} Harbor task folders in {out} ({fmt}); {len(refused)} refused")

@@ -27,16 +27,18 @@ def _fail(message: str, code: int = 1) -> int:
     return code
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], wire=claw_wire) -> int:
+    """`wire`: how requests reach the world (claw_wire: the service's socket; claw_file_world:
+    the world in files of an exported Harbor task)."""
     if not argv or argv[0] in ("-h", "--help"):
         sys.stdout.write(__doc__)
         return 0
     if argv[0] == "--request":
         raw = sys.stdin.buffer.read()
-        sys.stdout.write(json.dumps(claw_wire.request_raw(raw)) + "\n")
+        sys.stdout.write(json.dumps(wire.request_raw(raw)) + "\n")
         return 0
     if argv[0] in ("--list", "--schema"):
-        answer = claw_wire.request({"op": "list"})
+        answer = wire.request({"op": "list"})
         if not answer.get("ok"):
             return _fail(answer.get("error", "?"), 2)
         tools = {t["function"]["name"]: t["function"] for t in answer["tools"]}
@@ -59,7 +61,7 @@ def main(argv: list[str]) -> int:
         args = json.loads(text)
     except ValueError as e:
         return _fail(f"--json is not valid JSON: {e}")
-    answer = claw_wire.call(tool, args, "cli")
+    answer = wire.call(tool, args, "cli")
     if answer.get("ok"):
         sys.stdout.write(json.dumps(answer["result"], indent=2, ensure_ascii=False) + "\n")
         return 0
