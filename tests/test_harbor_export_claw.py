@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -25,7 +27,7 @@ from orchard_gym.envs.claw.sandbox.claw_file_world import replay
 from orchard_gym.envs.claw.tasks import load_tasks
 from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy
 
-from conftest import needs_bwrap
+from conftest import docker_engine, needs, needs_bwrap
 from harbor_real import harbor_check
 from test_harbor_runner import harbor_job, harbor_outcome
 
@@ -35,6 +37,7 @@ FAMILIES = ["calendar-answer", "calendar-cancel", "calendar-schedule", "contacts
             "drive-answer", "drive-share", "helpdesk-answer", "helpdesk-triage", "mail-reply", "mail-triage",
             "meeting-followup", "todo-cleanup", "todo-from-mail"]
 RUNNER_SUBSET = [f"{family}-{i % 5 + 1:03d}" for i, family in enumerate(FAMILIES)]
+_GATEWAY, _WHY_NOT = docker_engine()
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +154,65 @@ def test_harbors_runner_grades_exported_claw_tasks_as_orchard_does(claw_export, 
         want = 1.0 if agent == "oracle" else _untouched_score(load_tasks()[task_id])["task_score"]
         assert harbor_outcome(trial) == orchard[task_id]["reward"] == want, (task_id, trial["exception_info"])
         assert trial["verifier_result"]["rewards"] == orchard[task_id]["report"]["reward_json"]
+
+
+def test_the_exported_command_line_serves_parallel_calls_one_at_a_time(claw_export, tmp_path):
+    """The agent's `claw` (no service: each call replays the log, calls, appends, under a lock): 24
+    calls at once get 24 different ids and leave 24 log lines that replay to 24 new items; `--list`
+    shows the task's allowed tools only."""
+    claw = tmp_path / "claw"
+    shutil.copytree(claw_export / "todo-from-mail-001" / "environment" / "claw", claw)
+    task = load_tasks()["todo-from-mail-001"]
+    listed = subprocess.run([sys.executable, str(claw / "claw"), "--list"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and [line.split("\t")[0] for line in listed.stdout.splitlines()] == \
+        [t for t in claw_tools.TOOLS if t in task.tools], listed
+    calls = [subprocess.Popen([sys.executable, str(claw / "claw"), "todo_add", "--json", json.dumps({"title": f"t{i}"})],
+                              stdout=subprocess.PIPE, text=True) for i in range(24)]
+    ids = [json.loads(p.communicate(timeout=120)[0])["item_id"] for p in calls]
+    assert len(set(ids)) == 24, ids
+    lines = (claw / "calls.jsonl").read_text().splitlines()
+    assert len(lines) == 24 and all(json.loads(line)["ok"] for line in lines)
+    world = json.loads((claw / "world.json").read_text())
+    items = replay(world, [json.loads(line) for line in lines]).snapshot()["state"]["todo"]["items"]
+    assert sorted(i["id"] for i in items if i["title"].startswith("t") and i["title"][1:].isdigit()) == sorted(ids)
+    other = next(t for t in claw_tools.TOOLS if t not in task.tools)
+    refused = subprocess.run([sys.executable, str(claw / "claw"), other], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "not available in this task" in refused.stderr, refused
+
+
+@pytest.mark.docker
+@needs("docker", None if _GATEWAY else _WHY_NOT)
+def test_an_exported_claw_task_builds_and_grades_on_docker(claw_export, tmp_path):
+    """FROM localhost/orchard/swe-base (python3): the oracle retries its injected fault and scores 1.0."""
+    shutil.copytree(claw_export / "calendar-answer-002", tmp_path / "tasks" / "calendar-answer-002")
+    env = gym.make("Orchard/Harbor-v0", tasks=str(tmp_path / "tasks"), backend={"type": "docker"}).unwrapped
+    try:
+        env.reset(options={"task_id": "calendar-answer-002"})
+        obs, *_ = env.step({"name": "bash", "arguments": {"command": HarborOraclePolicy(env).command()}})
+        assert "429 Too Many Requests" in obs
+        _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
+        assert reward == 1.0 and info["report"]["reward_json"]["robustness"] == 1.0, info["report"]
+        env.reset(options={"task_id": "calendar-answer-002"})
+        _, reward, _, _, info = env.step({"name": "submit", "arguments": {}})
+        assert reward == _untouched_score(load_tasks()["calendar-answer-002"])["task_score"], info["report"]
+    finally:
+        env.close()
+
+
+def test_the_verifier_scores_a_missing_log_as_no_calls_and_a_garbage_log_zero(claw_export, tmp_path):
+    tests = claw_export / "mail-reply-001" / "tests"
+    untouched = _untouched_score(load_tasks()["mail-reply-001"])["task_score"]
+    for name, content, want in [("missing", None, untouched), ("garbage", "not json\n", 0.0),
+                                ("not-an-object", "[1, 2]\n", 0.0)]:
+        log, out = tmp_path / f"{name}.jsonl", tmp_path / name
+        if content is not None:
+            log.write_text(content)
+        r = subprocess.run(["python3", "-I", "-S", str(tests / "claw_verify.py"), str(tests / "claw_task.json"),
+                            str(log), str(out)], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        report = json.loads((out / "report.json").read_text())
+        assert json.loads((out / "reward.json").read_text())["reward"] == report["task_score"] == want, report
+        assert ("log_error" in report) == (content is not None), report
 
 
 def _export(*args: str):
