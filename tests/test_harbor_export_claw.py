@@ -242,11 +242,15 @@ def test_tasks_a_harbor_verifier_cannot_grade_are_refused_one_line_each(tmp_path
     judged.update(task_id="judged", checks=[*judged["checks"], {"type": "judge", "rubric": "polite and brief"}])
     dojo = builtin["mail-reply-001"].model_dump()
     dojo.update(task_id="dojo", agentdojo={"suite": "workspace"})
-    kwargs = {"tasks": {"judged": judged, "dojo": dojo, "mail-reply-001": builtin["mail-reply-001"].model_dump()}}
-    r = _export("--env", "Orchard/Claw-v0", "--env-kwargs", json.dumps(kwargs), "--out", str(tmp_path))
-    assert r.exit_code == 1 and "1 Harbor task folders" in r.output and "2 refused" in r.output, r.output
+    escape = dict(builtin["todo-cleanup-001"].model_dump(), task_id="../escape")
+    kwargs = {"tasks": {"judged": judged, "dojo": dojo, "../escape": escape,
+                        "mail-reply-001": builtin["mail-reply-001"].model_dump()}}
+    out = tmp_path / "out"
+    r = _export("--env", "Orchard/Claw-v0", "--env-kwargs", json.dumps(kwargs), "--out", str(out))
+    assert r.exit_code == 1 and "1 Harbor task folders" in r.output and "3 refused" in r.output, r.output
     refused = [line for line in r.output.splitlines() if line.startswith("not exported:")]
-    assert len(refused) == 2, r.output
+    assert len(refused) == 3, r.output
+    assert "'../escape': its id is not a folder name" in r.output and not (tmp_path / "escape").exists()
     assert "'judged': judge check ('polite and brief')" in r.output and "LLM judge" in r.output
     assert "'dojo': an AgentDojo task" in r.output
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mail-reply-001"]
+    assert sorted(p.name for p in out.iterdir()) == ["mail-reply-001"]

@@ -64,6 +64,8 @@ change the world only through the tools.
 
 def refusal(task: Any) -> str | None:
     """Why this Claw task cannot be a Harbor folder, or None."""
+    if not re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9._-]*", task.task_id):
+        return "its id is not a folder name (letters, digits, '.', '_', '-'; not starting with '.')"
     if task.tool_schemas or task.agentdojo:
         return "an AgentDojo task: its world and verdicts are agentdojo's (a Python package), not Orchard's tools"
     judged = [c for c in task.checks if c["type"] in ("judge", "verdict")]
@@ -91,9 +93,8 @@ def export_claw_task(task: Any, folder: Path, env_id: str, base_image: str | Non
     (claw / "SKILL.md").write_text(skill_markdown(tools, CLAW))
     (folder / "environment" / "Dockerfile").write_text(
         f"FROM {base_image or BASE_IMAGE}\nWORKDIR /app\nCOPY claw/ /app/.claw/\nRUN chmod 755 /app/.claw/claw\n")
-    first = tools[0]["function"]["name"]
-    example = f"{first} --json '{{}}'" if first != "mail_list_messages" else \
-        "mail_list_messages --json '{\"folder\": \"inbox\"}'"
+    bare = [t["function"]["name"] for t in tools if not t["function"]["parameters"].get("required")]
+    example = f"{bare[0]} --json '{{}}'" if bare else "--list"
     (folder / "instruction.md").write_text(task.instruction.strip() + "\n" + HOW.format(claw=CLAW, example=example))
     calls = "".join(f"{CLAW} {shlex.quote(c['name'])} --json {shlex.quote(json.dumps(c.get('arguments', {})))} "
                     "|| true\n" for c in task.oracle)  # a failed call (an injected fault) is retried by the next
