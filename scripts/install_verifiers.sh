@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# .venv-verifiers: orchard-gym (editable, this checkout) with the extra [verifiers] in a venv of
+# .venv-verifiers: orchard-gym (editable, this checkout) with the extras [verifiers,docker,gui] in a venv of
 # its own. verifiers 0.4 pins mcp==2.0.0 (imported by `verifiers.v1`), OpenEnv 0.10 needs mcp<2,
 # so they cannot share .venv (docs/integrations.md). Idempotent: a venv installed from this very
 # pyproject.toml and script is kept (a second run takes a second). The first run takes ~1 min
@@ -16,12 +16,13 @@ if [[ -x $venv/bin/vf-eval && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]
   echo "[verifiers] $venv is current: nothing to install"
   exit 0
 fi
-echo "[verifiers] pip install -e '.[verifiers]' into $venv (about a minute the first time)"
+echo "[verifiers] pip install -e '.[verifiers,docker,gui]' into $venv (about a minute the first time)"
 python=${PYTHON:-python3}
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 rm -f "$stamp_file"
 $venv/bin/python -m pip install -q --upgrade pip
-$venv/bin/python -m pip install -q -e '.[verifiers]'
+# docker: GUI-v0 (and any env) on the docker backend; gui: MiniWoB's pages for GUI-v0's task list
+$venv/bin/python -m pip install -q -e '.[verifiers,docker,gui]'
 # SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there)
 $venv/bin/python -m pip install -q --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
 script=$(mktemp -d)/chat.py

@@ -189,3 +189,23 @@ def test_a_garbled_screenshot_is_noted_and_ends_only_its_episode(local_root, tmp
     assert good.ok and good.reward == 1.0 and "screenshot_errors" not in good.metadata
     assert [t.screenshot for t in good.turns] == [f"shots/colour-blue-{good.sandbox_id}/turn-00{i}.png" for i in (0, 1)]
     assert np.array_equal(np.asarray(Image.open(tmp_path / good.turns[1].screenshot)), square(COLOURS["blue"], 56))
+
+
+def test_the_stub_keeps_what_it_received_bounded():
+    """StubUpstream.received: the request bodies as the stub got them over HTTP (tests check a
+    client's image parts with it), the newest RECEIVED only (benchmarks send thousands)."""
+    import httpx
+
+    from orchard_gym.wrappers.proxy.stub import RECEIVED, StubUpstream
+
+    url = data_url(square(COLOURS["red"], 8))
+    with StubUpstream() as stub, httpx.Client(base_url=stub.url) as http:
+        assert stub.received == []
+        for i in range(RECEIVED + 3):
+            content = [{"type": "text", "text": f"n{i}"}, {"type": "image_url", "image_url": {"url": url}}]
+            r = http.post("/chat/completions", json={"model": "stub-image", "messages": [
+                {"role": "user", "content": content}]})
+            assert r.json()["choices"][0]["message"]["content"] == f"images: 1; {_seen(url)}"
+        received = stub.received
+    assert len(received) == RECEIVED and received[0]["messages"][0]["content"][0]["text"] == "n3"
+    assert received[-1]["messages"][0]["content"][1]["image_url"]["url"] == url

@@ -121,7 +121,7 @@ def test_garbage_input_is_a_clear_error(stub):
 import json
 from orchard_gym.integrations.verifiers import load_environment
 out = []
-for args, kwargs in ((123,), {}), (("Orchard/Nope-v0",), {}), (("Orchard/GUI-v0",), {}), \
+for args, kwargs in ((123,), {}), (("Orchard/Nope-v0",), {}), (("Orchard/OpenEnv-v0",), {}), \
         (("Orchard/Claw-v0",), {"tasks": ["no-such-task"]}):
     try:
         env = load_environment(*args, **kwargs)
@@ -135,7 +135,8 @@ print(json.dumps(out))
     assert run.returncode == 0, run.stderr
     errors = json.loads(run.stdout.strip().splitlines()[-1])
     assert errors[0].startswith("TypeError: env_id must be an Orchard env id string")
-    assert "'Orchard/Nope-v0' is no text Orchard env" in errors[1] and "is no text Orchard env" in errors[2]
+    assert "'Orchard/Nope-v0' is no Orchard env (known: [" in errors[1]
+    assert "Orchard/OpenEnv-v0 is a client of another OpenEnv server" in errors[2]  # GUI: test_integrations_verifiers_gui.py
     assert errors[3].startswith("ValueError: Orchard/Claw-v0 has no task 'no-such-task'")
     with pytest.raises(TypeError, match="cannot write"):
         toml_value(object())

@@ -68,6 +68,7 @@ SLOW = {
     "tests/test_integrations_skyrl.py": "graded episodes",
     "tests/test_integrations_gui.py": "GUI containers through TRL and OpenEnv (minutes under load)",
     "tests/test_integrations_verifiers.py": "vf-eval runs in .venv-verifiers (~30 s each, under load)",
+    "tests/test_integrations_verifiers_gui.py": "vf-eval GUI episodes on the GUI image (~5 min at load 16)",
     "tests/test_cli_mistakes.py": "a CLI process per mistake, Ctrl-C runs",
     "tests/test_synth.py::test_a_run_makes_tasks_that_pass_their_checks_and_repairs_a_defective_build":
         "a whole synthesis run: builder, test and refiner episodes",

@@ -83,7 +83,7 @@ def refuse_images(env_id: str, slot: str, why: str) -> ImagesNotCarried:
     """The error an adapter raises for an image env its slot cannot carry."""
     return ImagesNotCarried(f"{env_id} observes screenshots, and {slot} cannot carry them: {why}. "
                             "Use a slot that carries images (TRL's environment_factory with a vision-language "
-                            "model, OpenEnv) or orchard train grpo (docs/integrations.md)")
+                            "model, OpenEnv, verifiers) or orchard train grpo (docs/integrations.md)")
 
 
 def make_env(env_id: str, **kwargs: Any) -> Any:

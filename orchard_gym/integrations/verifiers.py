@@ -12,7 +12,13 @@ env, `env_kwargs` are `gym.make` kwargs, `tasks` picks task ids (default: all). 
 own OpenEnv taskset does, the env plays the user: the model's reply is the action (parsed
 as Orchard parses any text action: a `<tool_call>` block, a JSON tool call, one fenced bash
 block), the tool runs in the episode's Orchard sandbox as one `env.step`, and its
-observation is the next user turn, until the episode ends. The episode's graded reward is
+observation is the next user turn, until the episode ends. An image env's (GUI's) observation
+is a user turn of OpenAI content parts, its text and its screen as a PNG data URL
+(`screenshots.observation_parts`): verifiers 0.4 types user content as `str | list[TextContentPart |
+ImageUrlContentPart]` and hands such parts to the model as they are (its null harness relaunches
+its chat program on the conversation, `message_to_wire` keeping the `image_url` parts). Images go
+in user turns, not tool messages: the env plays the user here, and OpenAI's chat API takes only
+text parts in a tool message. The episode's graded reward is
 the trace's reward (`orchard_reward`, so verifiers' `reward` is `gym.make`'s); an episode
 the model left open when verifiers' turn budget ran out is submitted, as the env's own
 budget would. The metric `orchard_step_ms` is the median time of one env step as run here.
@@ -25,6 +31,7 @@ venv of its own (`scripts/install_verifiers.sh` builds `.venv-verifiers`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import statistics
 import time
@@ -35,6 +42,8 @@ import verifiers.v1 as vf
 from pydantic import Field, field_validator
 from verifiers.v1.harnesses.null import NullHarnessConfig
 
+from orchard_gym.screenshots import observation_parts
+
 from .core import EpisodeOver, shared_hub
 
 TASKSET_ID = "orchard-verifiers"  # verifiers imports it as the top-level module `orchard_verifiers`
@@ -42,12 +51,23 @@ REWARD = "orchard_reward"
 STEP_MS = "orchard_step_ms"  # metric: median ms of one env step as this adapter runs it
 
 
-def tools_prompt(tool_schemas: list[dict]) -> str:
+def tools_prompt(tool_schemas: list[dict], images: bool = False) -> str:
     """The system prompt naming the env's tools and the action format Orchard parses."""
+    names = {s.get("function", s).get("name") for s in tool_schemas}  # OpenAI's {"type": "function", "function": ...}
+    end = "`submit`" if "submit" in names else "`terminate`" if "terminate" in names else "the tool that ends the task"
+    output = "the screen after it (an image) and the tool's output" if images else "the tool's output"
     return ("You act in a sandbox through tools. Each reply makes exactly one tool call, written as\n"
             '<tool_call>{"name": TOOL, "arguments": {...}}</tool_call>\n'
-            "and the tool's output comes back as the next message. Call `submit` when you are done.\n"
+            f"and {output} comes back as the next message. Call {end} when you are done.\n"
             f"Tools (JSON schemas):\n{json.dumps(tool_schemas, indent=1)}")
+
+
+def user_turn(observation: Any) -> str | list[dict]:
+    """An env observation as verifiers' next user turn: its text, or for an image env a user
+    message whose content is the observation's text and screen (a PNG data URL) as parts."""
+    if isinstance(observation, dict):  # an image env's; one without a screen: InvalidRequest saying so
+        return [{"role": "user", "content": observation_parts(observation)}]
+    return observation if isinstance(observation, str) else str(observation)
 
 
 class OrchardConfig(vf.TasksetConfig):
@@ -63,8 +83,11 @@ class OrchardConfig(vf.TasksetConfig):
     def _known_env(cls, env: str) -> str:
         from orchard_gym.registration import ENVS
 
-        if env not in ENVS or env in ("Orchard/GUI-v0", "Orchard/OpenEnv-v0"):
-            raise ValueError(f"{env!r} is no text Orchard env (known: {sorted(ENVS)}; GUI's observations are images)")
+        if env == "Orchard/OpenEnv-v0":
+            raise ValueError("Orchard/OpenEnv-v0 is a client of another OpenEnv server, with no tasks to load: "
+                             "serve that env to verifiers directly")
+        if env not in ENVS:
+            raise ValueError(f"{env!r} is no Orchard env (known: {sorted(e for e in ENVS if e != 'Orchard/OpenEnv-v0')})")
         return env
 
 
@@ -84,7 +107,7 @@ class OrchardTaskset(vf.Taskset[OrchardTask, OrchardConfig]):
     def load(self) -> Iterator[OrchardTask]:
         hub = shared_hub(self.config.env, self.config.env_kwargs)
         ids = [hub.check_task(t) for t in self.config.tasks] if self.config.tasks is not None else hub.task_ids()
-        system = tools_prompt(hub.tool_schemas)
+        system = tools_prompt(hub.tool_schemas, images=hub.images)
         for task_id in ids:  # prompt=None: the env opens the exchange with reset's observation
             yield OrchardTask(OrchardData(id=task_id, name=task_id, prompt=None, system_prompt=system,
                                           env=self.config.env, env_kwargs=self.config.env_kwargs, task_id=task_id),
@@ -107,7 +130,8 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):
         try:
             observation = await hub.arun(episode.start(data.task_id))
             async with agents.agent.interaction(task) as interaction:
-                segment = await interaction.turn(observation)
+                # a screen's PNG (~70 ms at 1280x720) is encoded off the loop other episodes share
+                segment = await interaction.turn(await asyncio.to_thread(user_turn, observation))
                 step_seconds = []
                 while not segment.terminated:
                     started = time.perf_counter()
@@ -118,7 +142,7 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):
                     step_seconds.append(time.perf_counter() - started)
                     if episode.done:
                         break
-                    segment = await interaction.turn(observation)
+                    segment = await interaction.turn(await asyncio.to_thread(user_turn, observation))
                 outcome = await hub.arun(episode.finish())  # submits an episode the model left open
             if step_seconds:  # the env's share of each turn (scripts/bench_integrations.py)
                 interaction.trace.record_metric(STEP_MS, statistics.median(step_seconds) * 1000)
@@ -141,4 +165,4 @@ def load_environment(env_id: str, *, tasks: list[str] | None = None, agent: vf.A
     return vf.load_environment(config)
 
 
-__all__ = ["OrchardEnv", "OrchardTaskset", "load_environment"]
+__all__ = ["OrchardEnv", "OrchardTaskset", "load_environment", "tools_prompt", "user_turn"]

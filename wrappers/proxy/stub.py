@@ -25,6 +25,9 @@ picks the behaviour:
 stateless (the conversation says which turn it is), so any client that resends the
 conversation replays the script; past its end it answers `script over`.
 
+`stub.received` holds the last 256 chat/Responses request bodies as the stub got them (newest
+last), so a test can check what a client really sent (e.g. its image parts).
+
 `"logprobs": true` adds logprobs; `"return_token_ids": true` (vLLM's flag) adds
 `prompt_token_ids` and `choices[0].token_ids`. `/v1/responses` echoes too.
 """
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import hashlib
 import json
 import zlib
@@ -110,6 +114,7 @@ def _failure(model: str) -> Response | None:
 
 async def chat(request: Request) -> Response:
     body, scripts = await request.json(), request.app.state.scripts
+    request.app.state.received.append(body)
     model = str(body.get("model", "stub"))
     if (failed := _failure(model)) is not None:
         return failed
@@ -159,6 +164,7 @@ async def chat(request: Request) -> Response:
 
 async def responses(request: Request) -> Response:
     body, scripts = await request.json(), request.app.state.scripts
+    request.app.state.received.append(body)
     model = str(body.get("model", "stub"))
     if (failed := _failure(model)) is not None:
         return failed
@@ -181,6 +187,9 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [{"id": "stub", "object": "model", "owned_by": "stub"}]})
 
 
+RECEIVED = 256  # request bodies kept in app.state.received (a bound: benchmarks send thousands)
+
+
 def create_stub_app(scripts: dict[str, list[str]] | None = None) -> Starlette:
     """The stub's app; `scripts` maps model names to scripted replies (module doc)."""
     if not isinstance(scripts or {}, dict) or not all(
@@ -190,6 +199,7 @@ def create_stub_app(scripts: dict[str, list[str]] | None = None) -> Starlette:
                             Route("/v1/responses", responses, methods=["POST"]),
                             Route("/v1/models", models, methods=["GET"])])
     app.state.scripts = dict(scripts or {})
+    app.state.received = collections.deque(maxlen=RECEIVED)
     return app
 
 
@@ -206,6 +216,11 @@ class StubUpstream:
     @property
     def url(self) -> str:
         return f"http://{self._runner.config.host}:{self._runner.port}/v1"
+
+    @property
+    def received(self) -> list[dict]:
+        """The last RECEIVED request bodies the stub got, oldest first."""
+        return list(self._runner.app.state.received)
 
     def start(self) -> StubUpstream:
         self._runner.start_in_thread()
