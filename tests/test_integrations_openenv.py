@@ -29,6 +29,9 @@ from orchard_gym.integrations.openenv import create_app  # noqa: E402
 CLAW_TASK = "calendar-answer-001"
 SWE_TASK = "semver-3.0.2"
 SWE = load_tasks("builtin")[SWE_TASK]
+SWE_GOLD = [{"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{SWE.patch}\nEOF_PATCH"}},
+            {"name": "submit", "arguments": {}}]
+SWE_KWARGS = {"tasks": {SWE_TASK: SWE}, "grade_in_place": True}
 
 
 def free_port() -> int:
@@ -93,9 +96,7 @@ def test_claw_episode_through_openenv_client(backend):
 @pytest.mark.slow
 def test_swe_episode_through_openenv_client_and_gym_make(backend):
     """SWE through OpenEnv's client, and the same server as `gym.make("Orchard/OpenEnv-v0")`."""
-    gold = [{"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{SWE.patch}\nEOF_PATCH"}},
-            {"name": "submit", "arguments": {}}]
-    kwargs = {"tasks": {SWE_TASK: SWE}, "grade_in_place": True}
+    gold, kwargs = SWE_GOLD, SWE_KWARGS
     server = Server(create_app("Orchard/SWE-v0", backend=backend, max_sessions=2, **kwargs))
     try:
         reward, done, _ = openenv_episode(server.url, SWE_TASK, gold)

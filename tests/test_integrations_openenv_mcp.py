@@ -21,7 +21,7 @@ require_module("server", "uvicorn")
 from openenv.core.env_server.mcp_types import CallToolAction  # noqa: E402
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 from openenv.core.mcp_client import MCPToolClient  # noqa: E402
-from test_integrations_openenv import CLAW_TASK, SWE, SWE_TASK, Server  # noqa: E402
+from test_integrations_openenv import CLAW_TASK, SWE_GOLD, SWE_KWARGS, SWE_TASK, Server  # noqa: E402
 from websockets.sync.client import connect as ws_connect  # noqa: E402
 
 import orchard_gym  # noqa: E402, F401
@@ -87,9 +87,7 @@ def test_claw_episode_through_mcp_client(claw, backend):
 
 @pytest.mark.slow
 def test_swe_episode_through_mcp_client(backend):
-    gold = [{"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{SWE.patch}\nEOF_PATCH"}},
-            {"name": "submit", "arguments": {}}]
-    kwargs = {"tasks": {SWE_TASK: SWE}, "grade_in_place": True}
+    gold, kwargs = SWE_GOLD, SWE_KWARGS
     server = Server(create_app("Orchard/SWE-v0", backend=backend, max_sessions=2, **kwargs))
     try:
         for actions, expected in ((gold, 1.0), (NOTHING, 0.0)):
@@ -151,6 +149,7 @@ def test_garbage_gets_clear_errors_and_loses_nothing(claw, backend):
         assert result["reward"] == 1.0 and client.state().step_count == len(ORACLE)
         with pytest.raises(RuntimeError, match="the episode is over"):
             client.call_tool("submit")
+    assert wait_until(lambda: claw.app.state.orchard_hub.episodes == [], timeout=10)  # sessionless calls kept none
 
 
 def test_mcp_sessions_are_capped_and_reaped(backend):

@@ -15,6 +15,14 @@ Drive it with OpenEnv's own client:
         result = env.step({"tool": "submit", "arguments": {}})
         result.reward, result.done                          # the env's graded reward, True
 
+The env's tools are MCP tools too (`/mcp` tools/list, tools/call; OpenEnv's `MCPToolClient`):
+
+    from openenv.core.mcp_client import MCPToolClient
+    with MCPToolClient(base_url="http://127.0.0.1:8010").sync() as env:
+        env.reset(task_id="mail-reply-001")                 # the task's text: observation.metadata["text"]
+        env.list_tools()                                    # the env's tools: names, descriptions, schemas
+        env.call_tool("submit")["reward"]                   # a call's result is the step's observation
+
 The app is built by OpenEnv's own `create_app`: each WebSocket session gets its own env
 instance (one sandbox, provisioned at `reset`, deleted when the session ends), sessions are
 capped at `max_sessions` and idle ones reaped after `session_timeout` seconds by OpenEnv's
