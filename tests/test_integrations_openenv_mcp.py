@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import gymnasium as gym
 import httpx
@@ -52,6 +53,16 @@ def rpc(url: str, method: str, params: dict | None = None, body: str | None = No
     return httpx.post(f"{url}/mcp", content=data, headers={"content-type": "application/json"}).json()
 
 
+def reset_session(server, task_id: str) -> str:
+    """An MCP session as MCPToolClient opens one (openenv/session/create, its WebSocket attached), reset
+    on `task_id`; then the WebSocket goes away (the session stays, as after a client that died)."""
+    session = rpc(server.url, "openenv/session/create")["result"]["session_id"]
+    with ws_connect(f"ws://127.0.0.1:{server.port}/ws?session_id={session}") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task_id": task_id}}))
+        assert json.loads(ws.recv(timeout=60))["data"]["observation"]["task_id"] == task_id
+    return session
+
+
 def mcp_episode(client, task_id, actions) -> dict:
     """A whole episode through MCPToolClient (reset over its WebSocket, tools over /mcp); the last
     call's result (the step's observation: text, done, reward, error, report)."""
@@ -81,8 +92,8 @@ def test_claw_episode_through_mcp_client(claw, backend):
         assert result["reward"] == gym_reward("Orchard/Claw-v0", CLAW_TASK, actions, backend=backend)
         rewards.append(result["reward"])
     assert rewards[0] == 1.0 > rewards[1]
-    assert wait_until(lambda: claw.app.state.orchard_hub.live_sandboxes() == 0, timeout=10)
-    assert claw.app.state.orchard_hub.episodes == []  # closed sessions leave nothing in the hub
+    hub = claw.app.state.orchard_hub
+    assert wait_until(lambda: hub.live_sandboxes() == 0 and hub.episodes == [], timeout=10)  # closed: nothing kept
 
 
 @pytest.mark.slow
@@ -158,10 +169,7 @@ def test_mcp_sessions_are_capped_and_reaped(backend):
     server = Server(create_app("Orchard/Claw-v0", backend=backend, max_sessions=1, session_timeout=2))
     hub = server.app.state.orchard_hub
     try:
-        session = rpc(server.url, "openenv/session/create")["result"]["session_id"]
-        with ws_connect(f"ws://127.0.0.1:{server.port}/ws?session_id={session}") as ws:  # reset, then go away
-            ws.send(json.dumps({"type": "reset", "data": {"task_id": CLAW_TASK}}))
-            assert json.loads(ws.recv(timeout=60))["data"]["observation"]["task_id"] == CLAW_TASK
+        session = reset_session(server, CLAW_TASK)  # its WebSocket gone after the reset
         listing = rpc(server.url, "tools/call", {"name": "calendar_list_events", "session_id": session,
                                                  "arguments": {"date": "2026-03-03"}})
         assert "Rita Gomez" in listing["result"]["data"]["text"] and hub.live_sandboxes() == 1
@@ -171,10 +179,9 @@ def test_mcp_sessions_are_capped_and_reaped(backend):
         with pytest.raises(Exception, match="(?i)capacity|maximum"):  # nor over /ws
             with GenericEnvClient(base_url=server.url).sync() as other:
                 other.reset(task_id=CLAW_TASK)
-        assert wait_until(lambda: hub.live_sandboxes() == 0, timeout=30)  # idle past session_timeout: reaped
+        assert wait_until(lambda: hub.live_sandboxes() == 0 and hub.episodes == [], timeout=30)  # idle: reaped
         gone = rpc(server.url, "tools/call", {"name": "submit", "arguments": {}, "session_id": session})
         assert "Unknown session_id" in gone["error"]["message"]
-        assert hub.episodes == []
     finally:
         server.close()
     assert live_sandboxes(backend) == []
@@ -199,3 +206,25 @@ def test_an_env_without_tools_says_so(backend):
     finally:
         server.close()
         gym.registry.pop("OrchardTest/NoTools-v0")
+
+
+
+def test_calls_of_one_session_are_steps_one_at_a_time(backend):
+    """Eight tools/call requests of one session at once run as eight steps in turn, as gym.make's
+    steps do: each sees the appends of the calls before it, never one still running."""
+    server = Server(create_app("Orchard/Toy-v0", backend=backend, max_sessions=1))
+    try:
+        session = reset_session(server, "write-003")
+
+        def call(i):
+            return rpc(server.url, "tools/call", {"session_id": session, "name": "bash", "arguments": {
+                "command": f"echo {i} >> calls.txt; sleep 0.3; wc -l < calls.txt"}})
+
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(call, range(8)))
+        counts = sorted(int(a["result"]["data"]["text"].split()[0]) for a in answers)
+        assert counts == list(range(1, 9))
+        assert rpc(server.url, "openenv/session/close", {"session_id": session})["result"]["closed"]
+    finally:
+        server.close()
+    assert live_sandboxes(backend) == []
