@@ -6,6 +6,7 @@ only, sessions are capped and reaped, and garbage gets clear errors and changes 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -211,8 +212,9 @@ def test_an_env_without_tools_says_so(backend):
 
 def test_calls_of_one_session_are_steps_one_at_a_time(backend):
     """Eight tools/call requests of one session at once run as eight steps in turn, as gym.make's
-    steps do: each sees the appends of the calls before it, never one still running."""
-    server = Server(create_app("Orchard/Toy-v0", backend=backend, max_sessions=1))
+    steps do: each sees the appends of the calls before it, never one still running; of four
+    submits at once one is graded and three are refused (not steps of an ended episode)."""
+    server = Server(create_app("Orchard/Toy-v0", backend=backend, max_sessions=1, max_steps=20))
     try:
         session = reset_session(server, "write-003")
 
@@ -224,6 +226,15 @@ def test_calls_of_one_session_are_steps_one_at_a_time(backend):
             answers = list(pool.map(call, range(8)))
         counts = sorted(int(a["result"]["data"]["text"].split()[0]) for a in answers)
         assert counts == list(range(1, 9))
+        with ThreadPoolExecutor(5) as pool:  # four submits while a step runs: one ends the episode
+            slow = pool.submit(call, "slow; sleep 1")
+            time.sleep(0.3)
+            submits = list(pool.map(lambda _: rpc(server.url, "tools/call", {
+                "session_id": session, "name": "submit", "arguments": {}}), range(4)))
+        assert "result" in slow.result()
+        [graded] = [a["result"]["data"] for a in submits if "result" in a]
+        assert graded["done"] and graded["reward"] == 0.0 and graded["error"] is None  # (nothing written)
+        assert sum("the episode is over" in a.get("error", {}).get("message", "") for a in submits) == 3
         assert rpc(server.url, "openenv/session/close", {"session_id": session})["result"]["closed"]
     finally:
         server.close()

@@ -148,18 +148,21 @@ class OrchardEnvironment(MCPEnvironment):
         return await super().step_async(action, timeout_s=timeout_s, **kwargs)
 
     async def _step(self, call: dict) -> OrchardObservation:
-        """One step of this session's episode (the one place both doors end up)."""
+        async with self._stepping:
+            return await self._step_now(call)
+
+    async def _step_now(self, call: dict) -> OrchardObservation:
+        """One step of this session's episode (the one place both doors end up; under `_stepping`)."""
         episode = self.episode
         if episode is None:
             return OrchardObservation(text="no episode: reset first", action_error="no episode: reset first")
-        async with self._stepping:
-            try:
-                seen, reward, terminated, truncated, info = await self.hub.arun(episode.step(call))
-            except EpisodeOver as e:
-                outcome = episode.outcome
-                self._state.done = True
-                return OrchardObservation(text=str(e), task_id=self._state.task_id, done=True, reward=None,
-                                          error=outcome.error if outcome else str(e))
+        try:
+            seen, reward, terminated, truncated, info = await self.hub.arun(episode.step(call))
+        except EpisodeOver as e:
+            outcome = episode.outcome
+            self._state.done = True
+            return OrchardObservation(text=str(e), task_id=self._state.task_id, done=True, reward=None,
+                                      error=outcome.error if outcome else str(e))
         self._state.step_count += 1
         done = terminated or truncated
         obs = OrchardObservation(**_content(seen), task_id=self._state.task_id, done=done,
@@ -174,15 +177,16 @@ class OrchardEnvironment(MCPEnvironment):
     async def _mcp_call(self, tool: str, arguments: dict) -> dict:
         """An MCP tools/call as a step; what is not a step (no episode yet, the episode over, arguments
         the tool's own `parse` refuses) is refused and changes nothing."""
-        if self.episode is None or self._state.task_id is None:
-            raise Refused(f"no episode in this session yet: reset first (then call {tool})")
-        if self.episode.done:
-            raise Refused("the episode is over: no more tool calls (reset for a new one)")
         try:
             self.hub.probe.tools[tool].parse(arguments)
         except ToolError as e:
             raise Refused(str(e)) from None
-        obs = await self._step({"name": tool, "arguments": arguments})
+        async with self._stepping:  # checked where no other call can end the episode meanwhile
+            if self.episode is None or self._state.task_id is None:
+                raise Refused(f"no episode in this session yet: reset first (then call {tool})")
+            if self.episode.done:
+                raise Refused("the episode is over: no more tool calls (reset for a new one)")
+            obs = await self._step_now({"name": tool, "arguments": arguments})
         return obs.model_dump(exclude={"tools", "metadata"})
 
     def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
