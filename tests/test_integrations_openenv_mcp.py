@@ -239,3 +239,15 @@ def test_calls_of_one_session_are_steps_one_at_a_time(backend):
     finally:
         server.close()
     assert live_sandboxes(backend) == []
+
+
+def test_mcp_messages_on_a_ws_session_call_its_tools(claw):
+    """OpenEnv's other door: a `{"type": "mcp"}` JSON-RPC message on a /ws session runs in that session."""
+    with ws_connect(f"ws://127.0.0.1:{claw.port}/ws") as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task_id": CLAW_TASK}}))
+        assert json.loads(ws.recv(timeout=60))["data"]["observation"]["task_id"] == CLAW_TASK
+        ws.send(json.dumps({"type": "mcp", "data": {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+            "name": "calendar_list_events", "arguments": {"date": "2026-03-03"}}}}))
+        answer = json.loads(ws.recv(timeout=60))
+        assert answer["type"] == "mcp" and "Rita Gomez" in answer["data"]["result"]["data"]["text"]
+        assert claw.app.state.orchard_hub.live_sandboxes() == 1
