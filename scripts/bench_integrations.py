@@ -9,6 +9,8 @@ number of times on one episode, after one warm-up step:
 - `trl`              the TRL environment's tool method, awaited on another event loop, as
                      TRL's tool loop does;
 - `openenv`          OpenEnv's own sync client over WebSocket to `create_app` on this machine;
+- `openenv mcp`      OpenEnv's own `MCPToolClient.call_tool` (JSON-RPC over HTTP `/mcp`) to the
+                     same server;
 - `skyrl`            SkyRL-Gym's `env.step` with the model's text (parsed by Orchard);
 - `verifiers step`   inside verifiers' own eval loop (below): one env step as the adapter runs
                      it (`hub.arun(episode.step(text))`, the trace's `orchard_step_ms`, median);
@@ -90,6 +92,7 @@ def bench_trl(backend, n):
 def bench_openenv(backend, n):
     import uvicorn
     from openenv.core.generic_client import GenericEnvClient
+    from openenv.core.mcp_client import MCPToolClient
 
     from orchard_gym.integrations.openenv import create_app
 
@@ -102,10 +105,14 @@ def bench_openenv(backend, n):
     thread.start()
     while not server.started:
         time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
     try:
-        with GenericEnvClient(base_url=f"http://127.0.0.1:{port}").sync() as client:
+        with GenericEnvClient(base_url=url).sync() as client:
             client.reset(task_id=TASK)
-            return timed(lambda: client.step({"tool": "bash", "arguments": {"command": "true"}}), n)
+            ws = timed(lambda: client.step({"tool": "bash", "arguments": {"command": "true"}}), n)
+        with MCPToolClient(base_url=url).sync() as mcp:
+            mcp.reset(task_id=TASK)
+            return {"": ws, " mcp": timed(lambda: mcp.call_tool("bash", command="true"), n)}
     finally:
         server.should_exit = True
         thread.join(30)
@@ -166,7 +173,8 @@ def main() -> None:
         except ImportError as e:
             print(f"{name:<10} skipped: {e}")
             continue
-        rows = zip((" step", " turn"), result) if isinstance(result, tuple) else [("", result)]
+        rows = (result.items() if isinstance(result, dict) else zip((" step", " turn"), result)
+                if isinstance(result, tuple) else [("", result)])
         for suffix, ms in rows:
             print(f"{name + suffix:<15} {ms:9.2f} {ms / base:11.2f}", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f}")

@@ -20,6 +20,7 @@ require_module("integrations", "openenv")
 uvicorn = require_module("server", "uvicorn")
 
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
+from openenv.core.mcp_client import MCPToolClient  # noqa: E402
 
 import orchard_gym  # noqa: E402, F401
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
@@ -28,6 +29,9 @@ from orchard_gym.integrations.openenv import create_app  # noqa: E402
 CLAW_TASK = "calendar-answer-001"
 SWE_TASK = "semver-3.0.2"
 SWE = load_tasks("builtin")[SWE_TASK]
+SWE_GOLD = [{"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{SWE.patch}\nEOF_PATCH"}},
+            {"name": "submit", "arguments": {}}]
+SWE_KWARGS = {"tasks": {SWE_TASK: SWE}, "grade_in_place": True}
 
 
 def free_port() -> int:
@@ -92,9 +96,7 @@ def test_claw_episode_through_openenv_client(backend):
 @pytest.mark.slow
 def test_swe_episode_through_openenv_client_and_gym_make(backend):
     """SWE through OpenEnv's client, and the same server as `gym.make("Orchard/OpenEnv-v0")`."""
-    gold = [{"name": "bash", "arguments": {"command": f"git apply <<'EOF_PATCH'\n{SWE.patch}\nEOF_PATCH"}},
-            {"name": "submit", "arguments": {}}]
-    kwargs = {"tasks": {SWE_TASK: SWE}, "grade_in_place": True}
+    gold, kwargs = SWE_GOLD, SWE_KWARGS
     server = Server(create_app("Orchard/SWE-v0", backend=backend, max_sessions=2, **kwargs))
     try:
         reward, done, _ = openenv_episode(server.url, SWE_TASK, gold)
@@ -136,7 +138,7 @@ def test_sessions_are_capped_and_reaped(backend):
 
 @pytest.mark.slow
 def test_serve_env_cli(backend, tmp_path):
-    """`orchard serve-env` starts OpenEnv's server for an env id."""
+    """`orchard serve-env` starts OpenEnv's server for an env id, its tools as MCP tools."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "serve-env", "Orchard/Toy-v0", "--port",
                              str(port), "--max-sessions", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -149,6 +151,8 @@ def test_serve_env_cli(backend, tmp_path):
 
         wait_until(up, timeout=60)
         assert "tool" in httpx.get(f"http://127.0.0.1:{port}/schema").json()["action"]["properties"]
+        with MCPToolClient(base_url=f"http://127.0.0.1:{port}").sync() as mcp:  # and its tools over /mcp
+            assert [t.name for t in mcp.list_tools()] == ["bash", "submit"]
     finally:
         proc.terminate()
         proc.wait(10)

@@ -65,6 +65,7 @@ SLOW = {
     "tests/test_claw_answers.py": "shotgun sweeps over the answer tasks",
     "tests/test_integrations_trl.py": "TRL GRPO steps",
     "tests/test_integrations_openenv.py": "OpenEnv servers and episodes",
+    "tests/test_integrations_openenv_mcp.py": "OpenEnv MCP sessions and episodes (~45 s under load)",
     "tests/test_integrations_skyrl.py": "graded episodes",
     "tests/test_integrations_gui.py": "GUI containers through TRL and OpenEnv (minutes under load)",
     "tests/test_integrations_verifiers.py": "vf-eval runs in .venv-verifiers (~30 s each, under load)",

@@ -148,6 +148,12 @@ class EnvHub:
             self.episodes.append(episode)
         return episode
 
+    def forget(self, episode: Episode) -> None:
+        """Drop a released episode from the hub (a long-lived server's ended sessions)."""
+        with self._lock:
+            if episode in self.episodes:
+                self.episodes.remove(episode)
+
     def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         """Schedule `coro` on the shared loop; a future any thread can wait on."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop)

@@ -15,6 +15,14 @@ Drive it with OpenEnv's own client:
         result = env.step({"tool": "submit", "arguments": {}})
         result.reward, result.done                          # the env's graded reward, True
 
+The env's tools are MCP tools too (`/mcp` tools/list, tools/call; OpenEnv's `MCPToolClient`):
+
+    from openenv.core.mcp_client import MCPToolClient
+    with MCPToolClient(base_url="http://127.0.0.1:8010").sync() as env:
+        env.reset(task_id="mail-reply-001")                 # the task's text: observation.metadata["text"]
+        env.list_tools()                                    # the env's tools: names, descriptions, schemas
+        env.call_tool("submit")["reward"]                   # a call's result is the step's observation
+
 The app is built by OpenEnv's own `create_app`: each WebSocket session gets its own env
 instance (one sandbox, provisioned at `reset`, deleted when the session ends), sessions are
 capped at `max_sessions` and idle ones reaped after `session_timeout` seconds by OpenEnv's
@@ -34,21 +42,28 @@ observations, as the GUI env itself does.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from openenv.core.env_server.http_server import create_app as openenv_create_app
 from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.mcp_environment import MCPEnvironment
 from openenv.core.env_server.types import Action, ConcurrencyConfig, EnvironmentMetadata, Observation, State
-from pydantic import Field
+from pydantic import Field, model_validator
+from pydantic_core import PydanticCustomError
 
 from orchard_gym.envs.spaces import AgentAction, UnicodeText
+from orchard_gym.envs.tools import ToolError
 from orchard_gym.screenshots import data_url, image_arrays
 
 from .core import EnvHub, Episode, EpisodeOver, observation_image, observation_text
+from .openenv_mcp import Refused, no_tools, tools_server
 
 
 class OrchardAction(Action):
@@ -56,6 +71,15 @@ class OrchardAction(Action):
 
     tool: str = Field(description="the tool's name (see the reset observation's `tools`)")
     arguments: dict[str, Any] = Field(default_factory=dict, description="the tool's arguments")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _not_mcp(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") in ("call_tool", "list_tools"):
+            raise PydanticCustomError("mcp_action", "MCP actions go to /mcp (JSON-RPC tools/list and tools/call "
+                                      "with the session_id: OpenEnv's MCPToolClient.list_tools / call_tool); "
+                                      "a step is {tool, arguments}")
+        return data
 
 
 class OrchardObservation(Observation):
@@ -73,34 +97,69 @@ class OrchardState(State):
     done: bool = False
 
 
-class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardState]):
-    """One OpenEnv session: one Orchard episode (a sandbox from reset to close)."""
+class OrchardEnvironment(MCPEnvironment):
+    """One OpenEnv session: one Orchard episode (a sandbox from reset to close). Its tools are
+    also MCP tools (`/mcp` tools/list, tools/call), run as steps of this session's episode."""
 
     SUPPORTS_CONCURRENT_SESSIONS = True
 
     def __init__(self, hub: EnvHub):
-        super().__init__()
         self.hub = hub
-        self.episode: Episode = hub.episode()
+        self.episode: Episode | None = None  # made at the first reset: a session never reset holds nothing
         self._state = OrchardState()
+        self._stepping = asyncio.Lock()  # one step at a time, whichever door (/ws, /mcp) it comes through
+        server = tools_server(hub.env_id, getattr(hub.probe, "tool_schemas", None) or [], self._mcp_call)
+        if server is None:  # no tools: OpenEnv's /mcp answers "does not support MCP"
+            Environment.__init__(self)
+            self.mcp_server = self.mcp_client = None
+        else:
+            super().__init__(server)
 
+    @asynccontextmanager
+    async def mcp_session(self) -> AsyncIterator[Any]:
+        if self.mcp_client is None:  # an env without tools: nothing to hold open
+            yield None
+            return
+        async with super().mcp_session() as client:
+            yield client
 
     async def reset_async(self, seed: int | None = None, episode_id: str | None = None,
                           task_id: str | None = None, **kwargs: Any) -> OrchardObservation:
         if task_id is not None:
             self.hub.check_task(task_id)
-        obs = await self.hub.arun(self.episode.start(task_id, seed))
-        task = self.episode.env.trajectory.task_id
+        if self.episode is None:
+            self.episode = self.hub.episode()
+        episode = self.episode
+        async with self._stepping:
+            obs = await self.hub.arun(episode.start(task_id, seed))
+        task = episode.env.trajectory.task_id
         self._state = OrchardState(episode_id=episode_id or uuid.uuid4().hex, step_count=0, task_id=task)
-        return OrchardObservation(**_content(obs), task_id=task, tools=self.hub.tool_schemas)
+        content = _content(obs)
+        # OpenEnv's MCPToolClient reads an observation with `tools` as a tool listing and keeps only its
+        # metadata: the task's text is there too for it
+        return OrchardObservation(**content, task_id=task, tools=self.hub.tool_schemas,
+                                  metadata={"task_id": task, "text": content["text"]})
 
-    async def step_async(self, action: OrchardAction, timeout_s: float | None = None,
-                         **kwargs: Any) -> OrchardObservation:
-        call = {"name": action.tool, "arguments": action.arguments}
+    async def step_async(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        if isinstance(action, OrchardAction):
+            return await self._step({"name": action.tool, "arguments": action.arguments})
+        if self.mcp_client is None:  # a list_tools / call_tool action (HTTP /step) on an env without tools
+            return OrchardObservation(text=no_tools(self.hub.env_id), action_error=no_tools(self.hub.env_id))
+        return await super().step_async(action, timeout_s=timeout_s, **kwargs)
+
+    async def _step(self, call: dict) -> OrchardObservation:
+        async with self._stepping:
+            return await self._step_now(call)
+
+    async def _step_now(self, call: dict) -> OrchardObservation:
+        """One step of this session's episode (the one place both doors end up; under `_stepping`)."""
+        episode = self.episode
+        if episode is None:
+            return OrchardObservation(text="no episode: reset first", action_error="no episode: reset first")
         try:
-            seen, reward, terminated, truncated, info = await self.hub.arun(self.episode.step(call))
+            seen, reward, terminated, truncated, info = await self.hub.arun(episode.step(call))
         except EpisodeOver as e:
-            outcome = self.episode.outcome
+            outcome = episode.outcome
             self._state.done = True
             return OrchardObservation(text=str(e), task_id=self._state.task_id, done=True, reward=None,
                                       error=outcome.error if outcome else str(e))
@@ -109,17 +168,33 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
         obs = OrchardObservation(**_content(seen), task_id=self._state.task_id, done=done,
                                  action_error=info.get("action_error"))
         if done:
-            outcome = self.episode.outcome
+            outcome = episode.outcome
+            assert outcome is not None  # Episode.step sets it when the step ends the episode
             self._state.done = True
             obs.reward, obs.error, obs.report = outcome.reward, outcome.error, _jsonable(outcome.report)
         return obs
 
+    async def _mcp_call(self, tool: str, arguments: dict) -> dict:
+        """An MCP tools/call as a step; what is not a step (no episode yet, the episode over, arguments
+        the tool's own `parse` refuses) is refused and changes nothing."""
+        try:
+            self.hub.probe.tools[tool].parse(arguments)
+        except ToolError as e:
+            raise Refused(str(e)) from None
+        async with self._stepping:  # checked where no other call can end the episode meanwhile
+            if self.episode is None or self._state.task_id is None:
+                raise Refused(f"no episode in this session yet: reset first (then call {tool})")
+            if self.episode.done:
+                raise Refused("the episode is over: no more tool calls (reset for a new one)")
+            obs = await self._step_now({"name": tool, "arguments": arguments})
+        return obs.model_dump(exclude={"tools", "metadata"})
+
+    def _step_impl(self, action: Action, timeout_s: float | None = None, **kwargs: Any) -> Observation:
+        return self.hub.run(self.step_async(action))
+
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str | None = None,
               **kwargs: Any) -> OrchardObservation:
         return self.hub.run(self.reset_async(seed, episode_id, task_id))
-
-    def step(self, action: OrchardAction, timeout_s: float | None = None, **kwargs: Any) -> OrchardObservation:
-        return self.hub.run(self.step_async(action))
 
     @property
     def state(self) -> OrchardState:
@@ -129,7 +204,11 @@ class OrchardEnvironment(Environment[OrchardAction, OrchardObservation, OrchardS
         return EnvironmentMetadata(name=self.hub.env_id, description=(self.hub.probe.__doc__ or "").strip()[:500])
 
     def close(self) -> None:
-        self.hub.run(self.episode.release())
+        episode, self.episode = self.episode, None
+        if episode is not None:
+            self.hub.run(episode.release())
+            self.hub.forget(episode)
+        super().close()
 
 
 def _content(obs: Any) -> dict:
