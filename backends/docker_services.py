@@ -25,15 +25,12 @@ import logging
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 from orchard_gym.errors import BackendError, InvalidRequest
 from orchard_gym.models import ServiceHealthcheck, ServiceSpec
 
 from . import host_guard
-
-if TYPE_CHECKING:
-    from .docker import DockerBackend
 
 try:
     import docker
@@ -54,7 +51,7 @@ class NetworkTaken(Exception):
 
 
 class Sidecars:
-    def __init__(self, backend: DockerBackend):
+    def __init__(self, backend: Any):  # the DockerBackend (not imported: it imports this module)
         self.b = backend
         self.api = backend.api
 

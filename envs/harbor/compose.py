@@ -240,7 +240,10 @@ def variables(env_dir: Path, settings: Settings, main_image: str) -> dict[str, s
 
 def parse_compose(env_dir: Path, settings: Settings, main_image: str) -> Compose:
     """The task's compose file, reviewed key by key; TaskRefused naming what cannot run."""
-    import yaml  # the docker extra's (compose is a docker-backend feature)
+    try:
+        import yaml  # the docker extra's (compose is a docker-backend feature)
+    except ImportError:
+        raise TaskRefused(f"reading environment/{COMPOSE_FILE} needs PyYAML: pip install 'orchard-gym[docker]'") from None
 
     path = env_dir / COMPOSE_FILE
     try:
