@@ -157,7 +157,7 @@ def test_host_guard_stops_blocked_sandboxes_reaching_host_services(guard_network
             client.create_sandbox(image=BUSYBOX).delete()
             listed = host_guard._run(host_guard._iptables(subnet), "-S", host_guard.CHAIN).stdout
             assert listed.count(f"-s {subnet} -p tcp -m tcp --tcp-flags") == 1, listed
-            assert listed.count(f"--dport {allowed.port}") == 1, listed
+            assert listed.count(f"-s {subnet} -p tcp -m tcp --dport {allowed.port} ") == 1, listed
     finally:
         server.close()
         allowed.close()
