@@ -43,6 +43,7 @@ class Backend(ABC):
     """
 
     name: str = "backend"
+    supports_services: bool = False  # SandboxSpec.services (sidecar containers): the docker backend only
 
     @abstractmethod
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
@@ -134,3 +135,4 @@ class Backend(ABC):
                 delay = min(delay * 2, 0.1)
         finally:
             await client.aclose()
+

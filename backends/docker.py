@@ -57,6 +57,7 @@ from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, San
 
 from . import engine_stats, host_guard
 from .docker_bundle import SharedBundle, container_lost, name_in_use
+from .docker_services import NetworkTaken, Sidecars
 from .owners import owner_gone, owner_identity
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
@@ -118,6 +119,7 @@ def warn_network_sysctls() -> str | None:
 
 class DockerBackend(Backend):
     name = "docker"
+    supports_services = True  # docker_services.py
 
     def __init__(self, config: DockerBackendConfig | None = None):
         if docker is None:
@@ -134,6 +136,7 @@ class DockerBackend(Backend):
         self._slots = threading.BoundedSemaphore(self.config.workers)
         self._network_ok = False
         self.snapshots = DockerSnapshots(self)
+        self.services_label = f"{p}.services"
         try:
             if self.config.base_url is None and os.environ.get("DOCKER_HOST"):  # honours DOCKER_TLS_* too
                 self.client = docker.from_env(timeout=self.config.api_timeout, max_pool_size=self.config.workers)
@@ -151,6 +154,7 @@ class DockerBackend(Backend):
         if self.local_engine:
             warn_network_sysctls()
         self.bundle = SharedBundle(self)
+        self.services = Sidecars(self)
         try:
             self.swept = self._sweep()  # what crashed clients left behind
         except Exception as e:  # never fail start-up over someone else's leftovers
@@ -270,7 +274,7 @@ class DockerBackend(Backend):
         image_info = self._ensure_image(run_image)
         injector = self._ensure_image(cfg.injector_image, "; build it with scripts/build_injector_image.sh")
         bundle = self.bundle.ensure(injector)  # one shared read-only volume per injector version
-        if spec.block_network:
+        if spec.block_network and not spec.services:
             self._ensure_network()
         workdir = cfg.workdir or (image_info.get("Config") or {}).get("WorkingDir") or DEFAULT_WORKDIR
         token = new_token()
@@ -279,14 +283,25 @@ class DockerBackend(Backend):
                 "env": spec.env, "created_at": time.time()}
         labels = {**ours, self.role_label: "sandbox", self.spec_label: json.dumps(meta),
                   **{self.user_label + k: v for k, v in spec.labels.items()}}
+        network = cfg.network if spec.block_network else cfg.open_network
+        hosts: dict[str, str] = {}
+        services_made = False
         try:
+            if spec.services:  # a network of its own, the services on it (docker_services.py)
+                try:
+                    network = self.services.make_network(sandbox_id, spec.block_network, ours)
+                except NetworkTaken:
+                    raise _NameTaken from None
+                services_made = True
+                hosts = self.services.start(sandbox_id, spec.services, network, ours)
+                labels[self.services_label] = json.dumps(sorted(hosts))
             host_config = self.api.create_host_config(
                 init=True,  # reaps zombies; the agent is not PID 1
                 mounts=[docker.types.Mount(AGENT_DIR, bundle, type="volume", read_only=True, no_copy=True)],
                 nano_cpus=int(spec.cpu * 1e9) if spec.cpu else None,
                 mem_limit=spec.memory_bytes,
                 memswap_limit=spec.memory_bytes,  # no swap beyond the limit: it is a real cap
-                network_mode=cfg.network if spec.block_network else cfg.open_network,
+                network_mode=network, extra_hosts=hosts or None,
                 cap_drop=["ALL"], cap_add=list(cfg.capabilities),
                 security_opt=["no-new-privileges"],  # setuid binaries gain nothing
                 pids_limit=cfg.pids_limit,
@@ -300,6 +315,8 @@ class DockerBackend(Backend):
                     environment={**spec.env, "ORCHARD_SANDBOX": sandbox_id},
                     labels={**labels, self.token_label: token},  # engine-side only: not visible inside
                     host_config=host_config, ports=[cfg.agent_port] if cfg.reach == "port" else None,
+                    networking_config=self.api.create_networking_config(
+                        {network: self.api.create_endpoint_config(aliases=["main"])}) if hosts else None,
                 )
             except derr.APIError as e:
                 if name_in_use(e):  # the id is taken (or another create won the race for it)
@@ -316,6 +333,11 @@ class DockerBackend(Backend):
             raise InvalidRequest(f"sandbox {sandbox_id} already exists") from None
         except BaseException as e:
             self._destroy(name)
+            if services_made:  # no half-made sandbox: its services and network go too
+                try:
+                    self.services.remove(sandbox_id)
+                except Exception as cleanup:  # say so, but raise what went wrong first
+                    log.error("sandbox %s: removing its services after a failed create: %s", sandbox_id, cleanup)
             if isinstance(e, _ContainerLost):
                 raise
             self._network_ok = False  # check the network again next time (someone may have pruned it)
@@ -370,6 +392,7 @@ class DockerBackend(Backend):
             error=error,
             endpoint=endpoint,
             details={"container": attrs.get("Name", "").lstrip("/"), "container_id": attrs.get("Id"),
+                     **({"services": json.loads(labels[self.services_label])} if self.services_label in labels else {}),
                      "ip": net.get("IPAddress"), "host_address": net.get("Gateway"),
                      "owner": labels.get(self.owner_label), "engine": self.engine},
         )
@@ -434,7 +457,10 @@ class DockerBackend(Backend):
 
     # ------------------------------------------------------------------ delete
     async def delete(self, sandbox_id: str) -> bool:
-        return await self._run(self._destroy, self._name(sandbox_id))
+        def delete():
+            found = self._destroy(self._name(sandbox_id))
+            return self.services.remove(sandbox_id) or found  # after the sandbox: it is on their network
+        return await self._run(delete)
 
     def _destroy(self, name: str) -> bool:
         """Kill and remove the container (all its processes die with it), then the per-sandbox
@@ -467,6 +493,7 @@ class DockerBackend(Backend):
                 except derr.NotFound:
                     pass
                 removed.add(labels.get(self.sandbox_label, summary["Id"][:12]))
+        removed.update(self.services.sweep(self._swept_owner))  # their containers went above
         removed.update(self.snapshots.sweep(self._swept_owner))
         for volume in self.api.volumes(filters=mine).get("Volumes") or []:
             labels = volume.get("Labels") or {}
@@ -488,7 +515,13 @@ class DockerBackend(Backend):
 
     # ------------------------------------------------------------------ snapshots (snapshots_docker.py)
     async def snapshot(self, sandbox_id: str, labels: dict[str, str] | None = None) -> SnapshotRecord:
-        return await self._run(self.snapshots.take, sandbox_id, labels)
+        def take():
+            attrs = self._inspect(sandbox_id)
+            if attrs and self.services_label in ((attrs.get("Config") or {}).get("Labels") or {}):
+                raise InvalidRequest(f"sandbox {sandbox_id} has services (sidecars): a snapshot would hold the "
+                                     f"sandbox's files without their state, so it is refused")
+            return self.snapshots.take(sandbox_id, labels)
+        return await self._run(take)
 
     async def delete_snapshot(self, snapshot_id: str) -> bool:
         return await self._run(self.snapshots.delete, snapshot_id)

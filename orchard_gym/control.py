@@ -170,6 +170,7 @@ class InProcessControl(SandboxControl):
 
     # ------------------------------------------------------------------ lifecycle
     async def create(self, spec: SandboxSpec, wait_ready: bool, timeout: float) -> SandboxRecord:
+        check_services_supported(self.backend, spec)
         record = await self.backend.create(spec)
         self._records[record.sandbox_id] = record
         if wait_ready:
@@ -301,3 +302,11 @@ class InProcessControl(SandboxControl):
     async def aclose(self) -> None:
         await self.agents.aclose()
         await self.backend.aclose()
+
+
+def check_services_supported(backend, spec: SandboxSpec) -> None:
+    """InvalidRequest when `spec` asks for services (sidecars) that `backend` cannot run
+    (`Backend.supports_services`: the docker backend only)."""
+    if spec.services and not getattr(backend, "supports_services", False):
+        raise InvalidRequest(f"the {getattr(backend, 'name', 'given')} backend cannot run services (sidecar "
+                             f"containers: {', '.join(s.name for s in spec.services)}); only the docker backend does")

@@ -77,6 +77,86 @@ def iso_mtime(seconds: float) -> str:
     return datetime.fromtimestamp(seconds, UTC).isoformat()
 
 
+SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
+
+
+class ServiceHealthcheck(BaseModel):
+    """A sidecar's readiness probe, run in the sidecar by the backend (not by the engine):
+    healthy at the first probe that exits 0; unhealthy when none does within
+    `start_period + retries * interval` (plus one `timeout`), or when the sidecar exits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    test: list[str] = Field(min_length=1, description="argv of the probe (`sh -c CMD` for a shell probe)")
+    interval: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
+    timeout: float = Field(30.0, gt=0, le=3600, allow_inf_nan=False)
+    retries: int = Field(3, ge=1, le=1000)
+    start_period: float = Field(0.0, ge=0, le=3600, allow_inf_nan=False)
+
+
+class ServiceSpec(BaseModel):
+    """A sidecar container of a sandbox (docker backend only): it runs beside the sandbox on a
+    network of the sandbox's own, where the sandbox reaches it by `name`, and is removed with
+    the sandbox. Made from an image already on the engine (nothing is pulled)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="host name the sandbox and the other services reach it by")
+    image: str = Field(min_length=1)
+    command: list[str] | None = None
+    entrypoint: list[str] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    user: str | None = None
+    healthcheck: ServiceHealthcheck | None = None
+    depends_on: dict[str, Literal["service_started", "service_healthy"]] = Field(
+        default_factory=dict, description="services started (or healthy) before this one starts")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not SERVICE_NAME_RE.match(v) or v == "main":
+            raise ValueError(f"service name {v!r}: lowercase letters, digits, '-', '_', at most 63, not 'main' "
+                             f"(the sandbox's own name)")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            if not key or "=" in key or "\0" in key or "\0" in value:
+                raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
+        return v
+
+
+def check_services(services: list[ServiceSpec]) -> list[ServiceSpec]:
+    """Unique names, known dependencies, no cycles; the services in an order that starts every
+    service after those it depends on (ValueError otherwise)."""
+    by_name: dict[str, ServiceSpec] = {}
+    for s in services:
+        if s.name in by_name:
+            raise ValueError(f"service {s.name!r} is listed twice")
+        by_name[s.name] = s
+    ordered: list[ServiceSpec] = []
+    state: dict[str, str] = {}
+
+    def visit(s: ServiceSpec, path: tuple[str, ...]) -> None:
+        if state.get(s.name) == "done":
+            return
+        if state.get(s.name) == "busy":
+            raise ValueError(f"services depend on each other in a cycle: {' -> '.join((*path, s.name))}")
+        state[s.name] = "busy"
+        for dep in s.depends_on:
+            if dep not in by_name:
+                raise ValueError(f"service {s.name!r} depends on {dep!r}, which is not a service of the sandbox")
+            visit(by_name[dep], (*path, s.name))
+        state[s.name] = "done"
+        ordered.append(s)
+    for s in services:
+        visit(s, ())
+    return ordered
+
+
 class SandboxSpec(BaseModel):
     """What to create: the body of `POST /sandboxes` and `create_sandbox()`."""
 
@@ -91,6 +171,13 @@ class SandboxSpec(BaseModel):
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
     labels: dict[str, str] = Field(default_factory=dict)
     from_snapshot: str | None = Field(None, description="start from this snapshot's filesystem (snapshot())")
+    services: list[ServiceSpec] = Field(default_factory=list, max_length=16,
+                                        description="sidecar containers (docker backend only)")
+
+    @field_validator("services")
+    @classmethod
+    def _check_services(cls, v: list[ServiceSpec]) -> list[ServiceSpec]:
+        return check_services(v)
 
     @field_validator("from_snapshot")
     @classmethod

@@ -70,8 +70,8 @@ class PoolSpec(BaseModel):
 
 def match_key(spec: SandboxSpec) -> tuple | None:
     """What a spec must share with a pool's to be served from it; None: never pooled."""
-    if spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None:
-        return None
+    if spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None or spec.services:
+        return None  # (a pooled sandbox has no services)
     image = None if spec.image in HOST_IMAGES else spec.image
     return image, spec.cpu, spec.memory_bytes, spec.block_network, tuple(sorted(spec.env.items()))
 

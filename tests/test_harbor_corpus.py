@@ -2,7 +2,8 @@
 do-nothing policy passes none, a task whose solution is wrong on purpose fails, a verifier that
 runs past its limit errors the episode, malformed tasks are listed with reasons while the rest
 run. One env per backend plays every task (local: the Dockerfile's steps as set-up; docker: an
-image built per task)."""
+image built per task). The compose tasks (compose/: services beside the agent's) run on docker,
+leaving no container or network behind, and local refuses each, saying why."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ _GATEWAY, _WHY_NOT = docker_engine()
 MALFORMED = {"allowlist": "allowlist", "bad-package-name": "org/name", "bad-toml": "not valid TOML",
              "gpus": "accelerators", "multi-step": "multi-step", "negative-timeout": "positive number",
              "no-dockerfile": "Dockerfile is missing", "no-instruction": "instruction.md is missing",
-             "no-tests": "tests/test.sh is missing"}
+             "no-tests": "tests/test.sh is missing", "compose-volumes": "service 'peek' uses volumes"}
+COMPOSE = ("compose/http-sidecar", "compose/no-network", "compose/stateful-sidecar")
 
 
 def expected(task_id: str) -> str:
@@ -84,6 +86,10 @@ def sweep(backend: dict):
     results = {}
     try:
         for task_id in env.task_ids():
+            if task_id in COMPOSE and env.backend_name() == "local":  # docker only, said at reset
+                with pytest.raises(gym.error.Error, match="docker-compose.yaml .* docker backend only"):
+                    env.reset(options={"task_id": task_id})
+                continue
             for name, policy in (("oracle", env.oracle_policy()), ("nothing", NothingPolicy())):
                 reward, _ = play(env, policy, task_id)
                 results[task_id, name] = (reward, env.trajectory.error_kind, env.trajectory.error)
@@ -104,14 +110,22 @@ def sweep(backend: dict):
 @needs_bwrap
 def test_oracle_passes_every_valid_task_and_nothing_none_on_local(local_root):
     results = sweep({"type": "local", "isolation": "bwrap", "root": str(local_root)})
-    assert len(results) == 2 * 23
+    assert len(results) == 2 * 23 and not {t for t, _ in results} & set(COMPOSE)
 
 
 @pytest.mark.docker
 @needs("docker", None if _GATEWAY else _WHY_NOT)
 def test_oracle_passes_every_valid_task_and_nothing_none_on_docker():
+    import docker
+
+    from orchard_gym.backends.owners import owner_identity
+
     results = sweep({"type": "docker"})
-    assert len(results) == 2 * 23
+    assert len(results) == 2 * (23 + len(COMPOSE)) and all((t, "oracle") in results for t in COMPOSE)
+    api = docker.from_env().api  # the env closed: its sandboxes' services and networks went with them
+    mine = [f"orchard-gym.owner={owner_identity()}"]
+    assert api.containers(all=True, filters={"label": [*mine, "orchard-gym.role=service"]}) == []
+    assert api.networks(filters={"label": [*mine, "orchard-gym.role=network"]}) == []
 
 
 @needs_bwrap

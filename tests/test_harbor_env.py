@@ -261,7 +261,8 @@ def test_orchard_eval_nothing_policy_and_tasks_check(tmp_path, local_root):
 
     result = CliRunner().invoke(main, ["tasks", "check", str(corpus)])
     assert result.exit_code == 1  # malformed tasks are errors
-    assert "23 Harbor task(s) can run; 9 skipped (error)" in result.output
+    assert "26 Harbor task(s) can run; 10 skipped (error)" in result.output
+    assert "compose/http-sidecar: warning: local backend cannot run environment/docker-compose.yaml" in result.output
     assert f"{corpus / 'malformed' / 'gpus'}: error: [environment] gpus" in result.output
     index = tmp_path / "index.jsonl"
     index.write_text(json.dumps({"path": str(corpus / "setup" / "env-vars")}) + "\n"

@@ -76,7 +76,8 @@ def test_what_must_match():
     same = SandboxSpec(image=spec.image, cpu="500m", memory=256 * 2**20, block_network=False, timeout=5)
     assert match_key(same) == spec.key()  # memory as bytes; timeout does not count
     for other in ({"cpu": 1}, {"memory": "512m"}, {"block_network": True}, {"env": {"A": "1"}},
-                  {"labels": {"team": "a"}}, {"sandbox_id": "fixed-id"}, {"image": "other"}):
+                  {"labels": {"team": "a"}}, {"sandbox_id": "fixed-id"}, {"image": "other"},
+                  {"services": SandboxSpec(services=[{"name": "db", "image": "x"}]).services}):
         assert match_key(same.model_copy(update=other)) != spec.key(), other
     assert match_key(SandboxSpec(image="host")) == match_key(SandboxSpec()) == PoolSpec(size=1).key()
 

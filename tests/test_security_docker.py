@@ -157,7 +157,7 @@ def test_host_guard_stops_blocked_sandboxes_reaching_host_services(guard_network
             client.create_sandbox(image=BUSYBOX).delete()
             listed = host_guard._run(host_guard._iptables(subnet), "-S", host_guard.CHAIN).stdout
             assert listed.count(f"-s {subnet} -p tcp -m tcp --tcp-flags") == 1, listed
-            assert listed.count(f"--dport {allowed.port}") == 1, listed
+            assert listed.count(f"-s {subnet} -p tcp -m tcp --dport {allowed.port} ") == 1, listed
     finally:
         server.close()
         allowed.close()
@@ -192,3 +192,32 @@ def test_arp_notify_off_is_warned(monkeypatch, tmp_path, caplog):
         assert "setup_system.sh" in docker_backend.warn_network_sysctls()
         docker_backend.warn_network_sysctls()
     assert sum("arp_notify" in r.getMessage() for r in caplog.records) == 1  # once per process
+
+
+def test_a_blocked_sandbox_and_its_services_cannot_reach_host_services():
+    """A blocked sandbox with services (docker_services.py) is on a network of its own: the host
+    guard must cover that network's subnet too, for the sandbox and its services alike, and go
+    with the network. With host_guard off the same probes reach the host (the hole it closes)."""
+    server = _HostServer()
+    sidecar = {"name": "side", "image": BUSYBOX, "command": ["sleep", "1000000"]}
+    try:
+        with SandboxClient({"type": "docker", "host_guard": False}) as client:
+            with client.create_sandbox(image=BUSYBOX, services=[sidecar]) as box:
+                host = box.record.details["host_address"]
+                assert "reached" in _probe(box, host, server.port)
+        opened = server.accepted
+        with SandboxClient({"type": "docker"}) as client:
+            with client.create_sandbox(image=BUSYBOX, services=[sidecar]) as box:
+                api, host = client.backend.api, box.record.details["host_address"]
+                network = api.inspect_network(f"orchard-gym-{box.sandbox_id}")
+                subnet = network["IPAM"]["Config"][0]["Subnet"]
+                assert "reached" not in _probe(box, host, server.port)
+                assert network["Internal"] and host_guard.installed(subnet)
+                side = api.exec_create(f"orchard-gym-{box.sandbox_id}-side",
+                                       ["nc", "-w", "3", host, str(server.port)])
+                assert b"reached" not in api.exec_start(side["Id"])  # the service is guarded too
+                assert server.accepted == opened
+                assert box.exec("cat /proc/net/route | awk '$2 == \"00000000\"' | wc -l").stdout.strip() == "0"
+            assert not host_guard.installed(subnet)  # the rules went with the network
+    finally:
+        server.close()

@@ -59,6 +59,7 @@ SLOW = {
     "tests/test_security_harbor.py": "verifier runs",
     "tests/test_security_local_robust.py": "hostile trees and limit hogs",
     "tests/test_harbor_corpus.py": "the Harbor corpus sweep",
+    "tests/test_docker_services.py": "sandboxes with sidecar containers (1-4 min for 18 tests under load 13-18)",
     "tests/test_harbor_env.py": "Harbor episodes with set-ups",
     "tests/test_harbor_runner.py": "Harbor's own runner over the corpus, on local and docker (minutes)",
     "tests/test_atif_harbor.py": "SWE, Claw and harness runs validated by Harbor",

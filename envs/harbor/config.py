@@ -216,7 +216,9 @@ def review(data: dict) -> tuple[Settings, list[str]]:
     if verifier.environment_mode not in (None, "shared"):
         raise TaskRefused(f"[verifier] environment_mode must be shared or separate, not {verifier.environment_mode!r}")
     if verifier.collect:
-        raise TaskRefused("[[verifier.collect]] hooks (compose services) are not supported")
+        raise TaskRefused("[[verifier.collect]] hooks are not supported: they snapshot services' state into files "
+                          "for artifact collection and a separate verifier, and neither is done here (the verifier "
+                          "runs in the agent's sandbox and reaches the services by name)")
     internet = _network(env.network_mode, env.allow_internet, env.allowed_hosts, "[environment]")
     internet = True if internet is None else internet
     for section, phase in (("agent", agent), ("verifier", verifier)):

@@ -47,8 +47,9 @@ from orchard_gym.errors import SandboxFailed
 from ..base import SandboxEnv
 from ..swe.venvs import ensure_venv
 from ..tools import BashArgs, BashTool, SubmitTool, Tool, ToolContext, ToolResult
+from .compose import image_tag as compose_image_tag
 from .dockerfile import DockerfileError, Plan, local_path
-from .tasks import HarborTask, Problem, load_tasks
+from .tasks import HarborTask, Problem, folder_hash, load_tasks
 from .verifier import GradingFailed, VerifierDirs, run_verifier, tar_folder
 
 log = logging.getLogger("orchard_gym.harbor")
@@ -74,26 +75,52 @@ def hide_task_folders(backend: Any, roots: list[Path]) -> Any:
 
 def ensure_image(task: HarborTask, base_url: str) -> str:
     """Build the task's image once per content of environment/ (never pulling); or its docker_image."""
+    tag = task.image_tag if task.dockerfile is not None else task.settings.docker_image
+    context = task.root / "environment" if task.dockerfile is not None else None
+    return build_image(base_url, tag, context, task.build_timeout,
+                       f"{task.task_id}'s environment/Dockerfile", f"{task.task_id}: [environment] docker_image")
+
+
+def build_image(base_url: str, tag: str, context: Path | None, timeout: float, what: str, given: str,
+                dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None) -> str:
+    """`tag` if the engine has it; else built from `context` (pull=False), or SandboxFailed
+    when there is none (`given`: what named the image: nothing is pulled)."""
     import docker
 
-    tag = task.image_tag if task.dockerfile is not None else task.settings.docker_image
-    client = docker.DockerClient(base_url=base_url, timeout=max(60, int(task.build_timeout)))
+    client = docker.DockerClient(base_url=base_url, timeout=max(60, int(timeout)))
     try:
         try:
             client.images.get(tag)
             return tag
         except docker.errors.ImageNotFound:
-            if task.dockerfile is None:
-                raise SandboxFailed(f"{task.task_id}: [environment] docker_image {tag!r} is not on the engine "
-                                    f"(nothing is pulled)") from None
+            if context is None:
+                raise SandboxFailed(f"{given} {tag!r} is not on the engine (nothing is pulled)") from None
         try:
-            client.images.build(path=str(task.root / "environment"), tag=tag, pull=False, rm=True, forcerm=True)
+            client.images.build(path=str(context), dockerfile=dockerfile, buildargs=buildargs or None, tag=tag,
+                                pull=False, rm=True, forcerm=True)
         except (docker.errors.BuildError, docker.errors.APIError) as e:
-            raise SandboxFailed(f"building {task.task_id}'s environment/Dockerfile failed (FROM must be a local "
-                                f"image; nothing is pulled): {e}") from None
+            raise SandboxFailed(f"building {what} failed (FROM must be a local image; nothing is pulled): "
+                                f"{e}") from None
         return tag
     finally:
         client.close()
+
+
+def ensure_services(task: HarborTask, base_url: str) -> list[dict]:
+    """The task's compose services (compose.py) as ServiceSpec dicts, their images built (or
+    found: nothing is pulled)."""
+    out = []
+    for sidecar in task.compose.sidecars if task.compose else []:
+        if sidecar.build is not None:
+            tag = compose_image_tag(task.image_tag, sidecar, folder_hash(sidecar.build.context))
+            image = build_image(base_url, tag, sidecar.build.context, task.build_timeout,
+                                f"{task.task_id}'s service {sidecar.name!r}", "", sidecar.build.dockerfile,
+                                sidecar.build.args)
+        else:
+            image = build_image(base_url, str(sidecar.image), None, task.build_timeout, "",
+                                f"{task.task_id}: service {sidecar.name!r}'s image")
+        out.append(sidecar.spec(image).model_dump())
+    return out
 
 
 class LimitedBashTool(BashTool):
@@ -148,6 +175,7 @@ class HarborEnv(SandboxEnv):
             log.warning("Harbor task %s: %s", "skipped" if problem.severity == "error" else "caveat", problem)
         _some_can_run(tasks, self._tasks, self.problems)
         self._images: dict[str, str] = {}
+        self._services: dict[str, list[dict]] = {}  # compose tasks' sidecars (docker)
         super().__init__(max_steps=max_steps, exec_timeout=exec_timeout, snapshot_setup=bool(snapshot_setup), **kwargs)
         # None: snapshot the set-up on local (the Dockerfile's steps ran there); on docker the image is the cache
         self._snapshot_choice = snapshot_setup
@@ -178,6 +206,10 @@ class HarborEnv(SandboxEnv):
 
     def image_for(self, task: HarborTask) -> str | None:
         if self._is_local():
+            if task.compose is not None:
+                raise gym.error.Error(f"Harbor task {task.task_id}: environment/docker-compose.yaml (services "
+                                      f"beside the agent's) runs on the docker backend only; run it with "
+                                      f"backend={{'type': 'docker'}}")
             if task.plan is None:
                 reason = next((w for w in task.warnings if w.startswith("local backend cannot")),
                               "it has no environment/Dockerfile (only [environment] docker_image)")
@@ -212,6 +244,16 @@ class HarborEnv(SandboxEnv):
                 raise gym.error.Error(f"Harbor tasks need the local or the docker backend, not "
                                       f"{name or 'an orchestrator'} (images are built with the docker SDK)")
             self._images[task.task_id] = await run_in_thread(ensure_image, task, self.client.backend.base_url)
+            if task.compose is not None:
+                self._services[task.task_id] = await run_in_thread(ensure_services, task,
+                                                                   self.client.backend.base_url)
+
+    def sandbox_spec(self, task: HarborTask) -> dict:
+        """The base spec; a compose task's with its services and `main`'s environment."""
+        spec = super().sandbox_spec(task)
+        if task.compose is not None and not self._is_local():
+            spec.update(services=self._services[task.task_id], env=dict(task.compose.main_env))
+        return spec
 
     def on_ready(self, ctx: ToolContext, task: HarborTask) -> None:
         # the agent's time starts now, after set-up (as in Harbor): every command is killed when it is up

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .compose import COMPOSE_FILE, Compose, parse_compose
 from .config import Settings, review
 from .dockerfile import DockerfileError, Plan, parse
 
@@ -50,6 +51,7 @@ class HarborTask(BaseModel):
     dockerfile: str | None
     settings: Settings
     plan: Plan | None = None  # the Dockerfile as set-up steps (None: no Dockerfile, docker_image only)
+    compose: Compose | None = None  # environment/docker-compose.yaml's services (docker backend only)
     warnings: list[str] = []
 
     # the names the Claw-era HarborTask had
@@ -103,8 +105,14 @@ def load_task(folder: Path, task_id: str | None = None) -> HarborTask:
     instruction = (folder / "instruction.md").read_text()
     if not instruction.strip():
         raise ValueError("instruction.md is empty")
-    return HarborTask(task_id=task_id or folder.name, root=folder.resolve(), instruction=instruction,
+    task = HarborTask(task_id=task_id or folder.name, root=folder.resolve(), instruction=instruction,
                       dockerfile=dockerfile, settings=settings, plan=plan, warnings=warnings)
+    if (folder / "environment" / COMPOSE_FILE).is_file():
+        main_image = task.image_tag if dockerfile is not None else str(settings.docker_image)
+        task.compose = parse_compose(folder / "environment", settings, main_image)
+        task.warnings += [*task.compose.warnings, f"local backend cannot run environment/{COMPOSE_FILE} (services "
+                                                   f"beside the agent's): docker backend only"]
+    return task
 
 
 def _index(path: Path) -> tuple[list[tuple[str, Path]], list[Problem]]:

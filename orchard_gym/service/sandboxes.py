@@ -15,7 +15,7 @@ import logging
 import time
 
 from orchard_gym.backends.base import new_sandbox_id
-from orchard_gym.control import InProcessControl
+from orchard_gym.control import InProcessControl, check_services_supported
 from orchard_gym.errors import SandboxFailed, SandboxNotFound, SandboxTimeout
 from orchard_gym.models import ExecRequest, JobResult, PatchResult, SandboxRecord, SandboxSpec, SnapshotRecord
 from orchard_gym.retry import RetryPolicy
@@ -53,6 +53,7 @@ class ServiceControl(InProcessControl):
                      owner: str = ANONYMOUS) -> SandboxRecord:
         """`owner`: the owner label (auth.py) the record and the backend's labels carry.
         wait_ready: answer once it is ready or failed, or still pending after `timeout`."""
+        check_services_supported(self.backend, spec)
         record = await self._create(spec, owner)
         if wait_ready:
             try:

@@ -1,0 +1,11 @@
+#!/bin/bash
+# the service answers on the sandbox's own network, and there is no way out: no default route
+mkdir -p /logs/verifier
+token=$(tr -dc '0-9a-f' < /app/token.txt 2>/dev/null)
+answer=no
+if [ -n "$token" ] && exec 3<>/dev/tcp/api/8000; then
+    printf 'GET /check?value=%s HTTP/1.0\r\nHost: api\r\n\r\n' "$token" >&3
+    answer=$(sed '1,/^\r$/d' <&3)
+fi
+routes=$(awk '$2 == "00000000" {n++} END {print n + 0}' /proc/net/route)
+if [ "$answer" = yes ] && [ "$routes" = 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi

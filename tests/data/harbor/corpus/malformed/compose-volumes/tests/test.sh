@@ -1,0 +1,2 @@
+#!/bin/bash
+mkdir -p /logs/verifier; echo 0 > /logs/verifier/reward.txt
