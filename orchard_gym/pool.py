@@ -69,8 +69,9 @@ class PoolSpec(BaseModel):
 
 
 def match_key(spec: SandboxSpec) -> tuple | None:
-    """What a spec must share with a pool's to be served from it; None: never pooled."""
-    if spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None:
+    """What a spec must share with a pool's to be served from it; None: never pooled (a disk
+    limit is set at create, so a spec with one never takes a pooled sandbox made without)."""
+    if spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None or spec.disk is not None:
         return None
     image = None if spec.image in HOST_IMAGES else spec.image
     return image, spec.cpu, spec.memory_bytes, spec.block_network, tuple(sorted(spec.env.items()))
