@@ -98,6 +98,12 @@ class Backend(ABC):
     def resources(self) -> dict:
         return {"backend": self.name}
 
+    def disk_limit_unavailable(self) -> str | None:
+        """Why this backend cannot hold `SandboxSpec.disk` (None: it can). A create that asks
+        for a disk limit here fails with this reason; an env that would rather run without the
+        limit asks first (Harbor's `storage_mb`)."""
+        return f"the {self.name} backend cannot limit a sandbox's disk space"
+
     async def sandbox_resources(self, sandbox_id: str) -> dict | None:
         """One sandbox's limits, kill method and usage; None if unknown. Backends with
         accounting (local: cgroups) override this."""

@@ -187,6 +187,9 @@ class KubernetesBackend(PodManifests, ApiCalls, Backend):
                         f"admins manage egress") from None
             self._setup_done = True
 
+    def disk_limit_unavailable(self) -> str | None:
+        return None  # the pod's ephemeral-storage limit (kubernetes_manifests.py)
+
     async def create(self, spec: SandboxSpec) -> SandboxRecord:
         return await self._run(self._create, spec)
 

@@ -38,7 +38,7 @@ class PodManifests:
         restricted = cfg.security == "restricted"
         uid = cfg.run_as_user or (RESTRICTED_UID if restricted else None)
         meta = {"image": image, "block_network": spec.block_network, "cpu": spec.cpu, "memory": spec.memory,
-                "env": spec.env, "labels": spec.labels, "created_at": time.time()}
+                "disk": spec.disk, "env": spec.env, "labels": spec.labels, "created_at": time.time()}
         cpu = spec.cpu or cfg.default_cpu
         memory = spec.memory_bytes or (parse_memory(cfg.default_memory) if cfg.default_memory else None)
         requests = {"cpu": quantity_cpu(min(cfg.cpu_request, cpu or cfg.cpu_request)),
@@ -48,6 +48,8 @@ class PodManifests:
             limits["cpu"] = quantity_cpu(cpu)
         if memory:
             limits["memory"] = str(memory)
+        if spec.disk is not None:  # the kubelet evicts the pod past it (its request defaults to it: reserved)
+            limits["ephemeral-storage"] = str(spec.disk_bytes)
         name = self._name(sandbox_id)
         env = [{"name": k, "value": v} for k, v in spec.env.items()
                if k not in ("ORCHARD_AGENT_TOKEN", "ORCHARD_SANDBOX")]
@@ -64,7 +66,7 @@ class PodManifests:
         volumes = [{"name": AGENT_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
         if uid is not None:  # a non-root user cannot write the root-owned workdir the runtime creates
             mounts.append({"name": "workspace", "mountPath": cfg.workdir})
-            volumes.append({"name": "workspace", "emptyDir": {}})
+            volumes.append({"name": "workspace", "emptyDir": {"sizeLimit": str(spec.disk_bytes)} if spec.disk else {}})
         container = {
             "name": TASK_CONTAINER, "image": image, "imagePullPolicy": cfg.image_pull_policy,
             "command": [LOADER],

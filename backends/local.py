@@ -109,7 +109,8 @@ class LocalBackend(Backend):
         # `orchard serve` and in-process clients, parallel test workers) can hold the same id
         self._cgroup_suffix = "-" + uuid.uuid5(uuid.NAMESPACE_URL, str(self.root.resolve())).hex[:8]
         self.tmp_size, self.workdir_size = parse_memory(self.config.tmp_size), parse_memory(self.config.workdir_size)
-        self.no_workdir_limit = workdir_fs.unavailable_reason() if self.workdir_size else "workdir_size=None"
+        self.workdir_fs_reason = workdir_fs.unavailable_reason()  # why no workdir can be size-capped here
+        self.no_workdir_limit = self.workdir_fs_reason if self.workdir_size else "workdir_size=None"
         if self.no_workdir_limit and self.workdir_size and "workdir_size" in self.config.model_fields_set:
             raise BackendError(f"workdir_size={self.config.workdir_size!r} cannot be held here: {self.no_workdir_limit}")
         if self.cgroups is None and self.config.cgroups in ("v1", "v2"):
@@ -159,7 +160,14 @@ class LocalBackend(Backend):
             return await asyncio.get_running_loop().run_in_executor(self.zygote.executor, self._create, spec)
         return await asyncio.to_thread(self._create, spec)
 
+    def disk_limit_unavailable(self) -> str | None:
+        if not self.bwrap:
+            return "isolation='none': a plain process writes anywhere its user can (no private /tmp)"
+        return self.workdir_fs_reason
+
     def _create(self, spec: SandboxSpec) -> SandboxRecord:
+        if spec.disk is not None and (why := self.disk_limit_unavailable()):
+            raise InvalidRequest(f"disk={spec.disk!r} cannot be held on the local backend: {why}")
         if spec.image not in HOST_IMAGES:
             if not self.config.any_image_as_host:
                 raise InvalidRequest(
@@ -182,8 +190,10 @@ class LocalBackend(Backend):
         layered = spec.from_snapshot is not None and self.snapshots.layers is not None
         writable = home / "rw" if layered else work
         writable.mkdir(exist_ok=True)
-        if not self.no_workdir_limit:  # before anything is written there (a snapshot's tree)
-            self._limit_workdir(home, writable)
+        # the spec's disk, else the backend's workdir_size; before anything is written there (a snapshot's tree)
+        workdir_bytes = spec.disk_bytes or (None if self.no_workdir_limit else self.workdir_size)
+        if workdir_bytes is not None:
+            workdir_bytes = self._limit_workdir(home, writable, workdir_bytes, required=spec.disk is not None)
         source = None
         if spec.from_snapshot is not None:
             try:
@@ -221,10 +231,10 @@ class LocalBackend(Backend):
             meta["layers"], meta["upper"] = source["layers"], source["upper"]
         cgroup, fds = self._make_cgroup(sandbox_id, spec, home)
         meta["cgroup"] = cgroup.to_meta() if cgroup else None
-        meta["enforced_by"] = self._enforcement(meta, spec)
+        meta["enforced_by"] = self._enforcement(meta, spec, workdir_bytes)
+        tmp_bytes = min(filter(None, (self.tmp_size, spec.disk_bytes)), default=None)  # /tmp: no more than the disk
         meta["limits"] = {"memory_bytes": self._memory_bytes(spec) if meta["enforced_by"]["memory"] else None,
-                          "tmp_bytes": self.tmp_size if self.bwrap else None,
-                          "workdir_bytes": None if self.no_workdir_limit else self.workdir_size}
+                          "tmp_bytes": tmp_bytes if self.bwrap else None, "workdir_bytes": workdir_bytes}
         try:
             self._spawn(meta, spec, fds)
         except OSError as e:
@@ -236,20 +246,23 @@ class LocalBackend(Backend):
         self._starting[sandbox_id] = spec
         return self._record(meta, status="pending")
 
-    def _limit_workdir(self, home: Path, work: Path) -> None:
-        """Mount the size-capped workdir (a fork's: the folder of its overlay's upper). Asked for
-        in the config, a failure fails the create; as the default it is said once and this
-        backend's sandboxes go on without it."""
+    def _limit_workdir(self, home: Path, work: Path, size: int, required: bool) -> int | None:
+        """Mount the size-capped workdir (a fork's: the folder of its overlay's upper); its size,
+        None when it is not capped. Asked for (the spec's disk, or workdir_size in the config),
+        a failure fails the create; as the default it is said once and this backend's
+        sandboxes go on without it."""
         try:
-            workdir_fs.make(home / "work.img", work, self.workdir_size)
+            workdir_fs.make(home / "work.img", work, size)
+            return size
         except BackendError as e:
-            if "workdir_size" in self.config.model_fields_set:
+            if required or "workdir_size" in self.config.model_fields_set:
                 _remove_quietly(home)
                 raise
             self.no_workdir_limit = str(e)
             log.warning("%s; sandboxes of %s have no workdir limit", e, self.root)
             fstree.detach_mounts(work)
             (home / "work.img").unlink(missing_ok=True)
+            return None
         except BaseException:
             _remove_quietly(home)
             raise
@@ -332,7 +345,7 @@ class LocalBackend(Backend):
             return spec.memory_bytes
         return parse_memory(self.config.default_memory) if self.cgroups and "memory" in self.cgroups.limits else None
 
-    def _enforcement(self, meta: dict, spec: SandboxSpec) -> dict:
+    def _enforcement(self, meta: dict, spec: SandboxSpec, workdir_bytes: int | None) -> dict:
         """What holds each limit: the sandbox's cgroup, a per-process stand-in, or nothing."""
         def by(limit: str, requested, stand_in: str | None):
             if requested is None:
@@ -342,7 +355,7 @@ class LocalBackend(Backend):
                 "memory": by("memory", self._memory_bytes(spec), "rlimit-as (address space of each process)"),
                 "cpu": by("cpu", spec.cpu, "cpu affinity (whole cores)"),
                 "tmp": "tmpfs size" if self.tmp_size and self.bwrap else None,  # a plain process has no own /tmp
-                "workdir": None if self.no_workdir_limit else "loop-mounted ext4 image (workdir_fs.py)"}
+                "workdir": "loop-mounted ext4 image (workdir_fs.py)" if workdir_bytes else None}
 
     def _agent_args(self, meta: dict, spec: SandboxSpec) -> list[str]:
         """The agent's options but the cgroup fds and --exit-with-parent."""

@@ -271,16 +271,18 @@ class AsyncSandboxClient:
                              memory: int | str | None = None, timeout: float = DEFAULT_READY_TIMEOUT,
                              wait_ready: bool = True, env: dict[str, str] | None = None,
                              labels: dict[str, str] | None = None,
-                             from_snapshot: str | None = None,
-                             services: list | None = None) -> AsyncSandboxInstance:
+                             from_snapshot: str | None = None, services: list | None = None,
+                             disk: int | str | None = None) -> AsyncSandboxInstance:
         """Start a sandbox from `image` (local backend: None or 'host') and, by default,
         wait until its agent answers. `from_snapshot`: a snapshot id (`sandbox.snapshot()`)
         whose files the new sandbox starts with; `image` is then the snapshot's (docker: the
         snapshot image) unless given. `services`: sidecar containers (`ServiceSpec`s or their
-        dicts; docker backend only), reachable from the sandbox by name, removed with it."""
+        dicts; docker backend only), reachable from the sandbox by name, removed with it.
+        `disk`: its writable disk space (`SandboxSpec.disk`; `backend.disk_limit_unavailable()`
+        says beforehand why a backend cannot hold it)."""
         spec = _validated(SandboxSpec, image=image, block_network=block_network, sandbox_id=sandbox_id,
                           cpu=cpu, memory=memory, timeout=timeout, env=env or {}, labels=labels or {},
-                          from_snapshot=from_snapshot, services=services or [])
+                          from_snapshot=from_snapshot, services=services or [], disk=disk)
         record = await self._pools.claim(spec) if self._pools else None
         if record is None and spec.from_snapshot is not None and self._pools and self._control.loads_snapshots:
             record = await self._fork_from_pool(spec)
@@ -555,10 +557,11 @@ class SandboxClient:
 
     def create_sandbox(self, image=None, block_network: bool = True, sandbox_id=None, cpu=None, memory=None,
                        timeout: float = DEFAULT_READY_TIMEOUT, wait_ready: bool = True, env=None,
-                       labels=None, from_snapshot: str | None = None, services=None) -> SandboxInstance:
+                       labels=None, from_snapshot: str | None = None, services=None,
+                       disk: int | str | None = None) -> SandboxInstance:
         return self._wrap(self._loop.run(self._async.create_sandbox(
             image, block_network, sandbox_id, cpu, memory, timeout, wait_ready, env, labels, from_snapshot,
-            services)))
+            services, disk)))
 
     def wait_pools(self, timeout: float = DEFAULT_READY_TIMEOUT) -> bool:
         return self._loop.run(self._async.wait_pools(timeout))

@@ -56,7 +56,13 @@ def _checked_memory(value: int | str) -> int | str:
     return value
 
 
-Memory = Annotated[int | str, AfterValidator(_checked_memory)]
+def _not_bool(value):
+    if isinstance(value, bool):  # lax validation would read True as 1 byte
+        raise ValueError("a size is a byte count or a string like '512m', not a boolean")
+    return value
+
+
+Memory = Annotated[int | str, BeforeValidator(_not_bool), AfterValidator(_checked_memory)]
 
 
 def parse_mtime(value):
@@ -167,6 +173,10 @@ class SandboxSpec(BaseModel):
     sandbox_id: str | None = Field(None, description="DNS-label id; generated when absent")
     cpu: Cpu | None = Field(None, description="cores: 1.5, or a quantity like '1500m'")
     memory: Memory | None = Field(None, description="bytes, or '512m', '2Gi'")
+    disk: Memory | None = Field(None, description="writable disk space, bytes or '10g' (local: the workdir's "
+                                "size; kubernetes: the ephemeral-storage limit; docker: the container's storage "
+                                "size, where the engine's storage driver has quotas); a backend that cannot hold "
+                                "it refuses the sandbox")
     timeout: float | None = Field(None, gt=0, le=86400, allow_inf_nan=False, description="seconds to wait for ready")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every exec")
     labels: dict[str, str] = Field(default_factory=dict)
@@ -205,6 +215,10 @@ class SandboxSpec(BaseModel):
     @property
     def memory_bytes(self) -> int | None:
         return parse_memory(self.memory)
+
+    @property
+    def disk_bytes(self) -> int | None:
+        return parse_memory(self.disk)
 
 
 def check_snapshot_id(snapshot_id) -> str:

@@ -69,9 +69,12 @@ class PoolSpec(BaseModel):
 
 
 def match_key(spec: SandboxSpec) -> tuple | None:
-    """What a spec must share with a pool's to be served from it; None: never pooled."""
-    if spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None or spec.services:
-        return None  # (a pooled sandbox has no services)
+    """What a spec must share with a pool's to be served from it; None: never pooled (a pooled
+    sandbox has no services, and a disk limit is set at create: a spec with one never takes a
+    pooled sandbox made without)."""
+    if (spec.sandbox_id is not None or spec.labels or spec.from_snapshot is not None or spec.services
+            or spec.disk is not None):
+        return None
     image = None if spec.image in HOST_IMAGES else spec.image
     return image, spec.cpu, spec.memory_bytes, spec.block_network, tuple(sorted(spec.env.items()))
 

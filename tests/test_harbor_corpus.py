@@ -45,9 +45,9 @@ def test_the_corpus_loads_and_lists_each_malformed_task_with_its_reason():
         assert reason in errors[name], errors[name]
     warnings = [str(p) for p in problems if p.severity == "warning"]
     assert any("unknown key agent.max_turns" in w for w in warnings)
-    assert any("storage_mb = 1024" in w and "not enforced" in w for w in warnings)
+    assert not any("storage_mb" in w for w in warnings)  # honoured (the sandbox's disk), or warned about at reset
     r = tasks["limits/resources"].settings
-    assert (r.cpus, r.memory_mb, r.internet) == (1, 512, True)
+    assert (r.cpus, r.memory_mb, r.storage_mb, r.internet) == (1, 512, 1024, True)
     assert tasks["limits/legacy-memory"].settings.memory_mb == 1024
     assert tasks["limits/legacy-memory"].settings.internet is False  # allow_internet = false
     assert tasks["limits/internet-off"].settings.internet is False
@@ -141,9 +141,11 @@ def test_resources_and_network_become_the_sandbox_settings(local_root, caplog):
     try:
         env.reset(options={"task_id": "limits/resources"})
         limits = LoopThread.shared().run(env.sandbox.resources())
-        assert env.sandbox_size(env.task) == {"block_network": False, "cpu": 1, "memory": 512 * 1024 * 1024}
+        assert env.sandbox_size(env.task) == {"block_network": False, "cpu": 1, "memory": 512 * 1024 * 1024,
+                                              "disk": 1024 * 1024 * 1024}  # storage_mb = 1024
         text = str(limits)
         assert "536870912" in text or "512" in text, limits
+        assert limits["sizes"]["workdir_bytes"] == 1024 * 1024 * 1024, limits
     finally:
         env.close()
 

@@ -125,7 +125,7 @@ def test_local_needs_bwrap_and_claw_v0_still_makes_harbor_envs(local_root):
 def test_other_backends_are_refused_clearly():
     env = gym.make("Orchard/Claw-v0", tasks=f"harbor:{DATA}", base_url="http://127.0.0.1:9", api_key="k").unwrapped
     try:
-        with pytest.raises(gym.error.Error, match="the local or the docker backend, not an orchestrator"):
+        with pytest.raises(gym.error.Error, match="the local, docker or kubernetes backend in-process, not an orchestrator"):
             env.reset(options={"task_id": "sum-numbers"})
     finally:
         env.close()

@@ -231,8 +231,6 @@ def review(data: dict) -> tuple[Settings, list[str]]:
         memory_mb = memory_mb or _size_mb(env.memory, "memory")
     if env.storage is not None:
         storage_mb = storage_mb or _size_mb(env.storage, "storage")
-    if storage_mb is not None:
-        warnings.append(f"[environment] storage_mb = {storage_mb}: no backend here limits disk space; not enforced")
     for section, user in (("agent", agent.user), ("verifier", verifier.user)):
         if user is not None:
             warnings.append(f"[{section}] user = {user!r}: commands run as the sandbox's user (the image's USER "
@@ -247,7 +245,7 @@ def review(data: dict) -> tuple[Settings, list[str]]:
         build_timeout=_positive(env.build_timeout_sec, "[environment] build_timeout_sec"),
         docker_image=env.docker_image,
         cpus=_positive(env.cpus, "[environment] cpus"), memory_mb=_positive(memory_mb, "[environment] memory_mb"),
-        storage_mb=storage_mb, internet=internet,
+        storage_mb=_positive(storage_mb, "[environment] storage_mb"), internet=internet,
         env=resolve_env(env.env, "[environment] env"),
         verifier_env=resolve_env(verifier.env, "[verifier] env"),
         solution_env=resolve_env(config.solution.env, "[solution] env"),

@@ -8,12 +8,16 @@ field (config.py): `[agent] timeout_sec` caps every command at what is left of i
 is killed at the limit, the episode truncated and graded, as Harbor does), `cpus`/`memory_mb`
 are the sandbox's limits, the network is on or off as `network_mode`/`allow_internet` say,
 `[environment] env` reaches the agent and the verifier, `[verifier] env` the verifier,
-`[solution] env` the oracle, `workdir` the working directory, `healthcheck` runs after set-up.
+`[solution] env` the oracle, `workdir` the working directory, `healthcheck` runs after set-up,
+`storage_mb` is the sandbox's `disk` where the backend can hold one (else a warning, once).
 
-Where the sandbox comes from:
+Where the sandbox comes from (images.py):
 - docker backend: the image is built from `environment/` with the docker SDK, never pulling
   (FROM must be a local image), tagged `localhost/orchard/harbor-NAME:HASH12` by a hash of the
   folder, built again only when the folder changes; or `[environment] docker_image` as is;
+- kubernetes backend: the image pushed as `REGISTRY/orchard/harbor-NAME:HASH12` (the env's
+  `image_registry`; `orchard tasks push`), or `[environment] docker_image` as is; the pod works
+  in the image's WORKDIR;
 - local backend: the Dockerfile's steps run as set-up in the sandbox (dockerfile.py; FROM is
   not honoured: one warning), once per task: the set-up is snapshotted and later resets
   restore it. Harbor's absolute paths are rewritten: the image's WORKDIR (/app) to the
@@ -47,14 +51,15 @@ from orchard_gym.errors import SandboxFailed
 from ..base import SandboxEnv
 from ..swe.venvs import ensure_venv
 from ..tools import BashArgs, BashTool, SubmitTool, Tool, ToolContext, ToolResult
-from .compose import image_tag as compose_image_tag
 from .dockerfile import DockerfileError, Plan, local_path
-from .tasks import HarborTask, Problem, folder_hash, load_tasks
+from .images import check_registry, cluster_image, ensure_image, ensure_services
+from .tasks import HarborTask, Problem, load_tasks
 from .verifier import GradingFailed, VerifierDirs, run_verifier, tar_folder
 
 log = logging.getLogger("orchard_gym.harbor")
 HARBOR_DIRS = ("tests", "solution", "logs")  # the absolute paths Harbor tasks use besides the WORKDIR
 WARNED_FROM: set[str] = set()
+WARNED_STORAGE: set[tuple[str, str | None]] = set()  # (task, backend) whose storage_mb was said to be unheld
 
 
 def hide_task_folders(backend: Any, roots: list[Path]) -> Any:
@@ -71,56 +76,6 @@ def hide_task_folders(backend: Any, roots: list[Path]) -> Any:
     if not isinstance(config, LocalBackendConfig):
         return backend
     return config.model_copy(update={"hide": [*config.hide, *(r for r in roots if r not in config.hide)]})
-
-
-def ensure_image(task: HarborTask, base_url: str) -> str:
-    """Build the task's image once per content of environment/ (never pulling); or its docker_image."""
-    tag = task.image_tag if task.dockerfile is not None else task.settings.docker_image
-    context = task.root / "environment" if task.dockerfile is not None else None
-    return build_image(base_url, tag, context, task.build_timeout,
-                       f"{task.task_id}'s environment/Dockerfile", f"{task.task_id}: [environment] docker_image")
-
-
-def build_image(base_url: str, tag: str, context: Path | None, timeout: float, what: str, given: str,
-                dockerfile: str = "Dockerfile", buildargs: dict[str, str] | None = None) -> str:
-    """`tag` if the engine has it; else built from `context` (pull=False), or SandboxFailed
-    when there is none (`given`: what named the image: nothing is pulled)."""
-    import docker
-
-    client = docker.DockerClient(base_url=base_url, timeout=max(60, int(timeout)))
-    try:
-        try:
-            client.images.get(tag)
-            return tag
-        except docker.errors.ImageNotFound:
-            if context is None:
-                raise SandboxFailed(f"{given} {tag!r} is not on the engine (nothing is pulled)") from None
-        try:
-            client.images.build(path=str(context), dockerfile=dockerfile, buildargs=buildargs or None, tag=tag,
-                                pull=False, rm=True, forcerm=True)
-        except (docker.errors.BuildError, docker.errors.APIError) as e:
-            raise SandboxFailed(f"building {what} failed (FROM must be a local image; nothing is pulled): "
-                                f"{e}") from None
-        return tag
-    finally:
-        client.close()
-
-
-def ensure_services(task: HarborTask, base_url: str) -> list[dict]:
-    """The task's compose services (compose.py) as ServiceSpec dicts, their images built (or
-    found: nothing is pulled)."""
-    out = []
-    for sidecar in task.compose.sidecars if task.compose else []:
-        if sidecar.build is not None:
-            tag = compose_image_tag(task.image_tag, sidecar, folder_hash(sidecar.build.context))
-            image = build_image(base_url, tag, sidecar.build.context, task.build_timeout,
-                                f"{task.task_id}'s service {sidecar.name!r}", "", sidecar.build.dockerfile,
-                                sidecar.build.args)
-        else:
-            image = build_image(base_url, str(sidecar.image), None, task.build_timeout, "",
-                                f"{task.task_id}: service {sidecar.name!r}'s image")
-        out.append(sidecar.spec(image).model_dump())
-    return out
 
 
 class LimitedBashTool(BashTool):
@@ -160,16 +115,23 @@ class HarborEnv(SandboxEnv):
     (a folder of task folders, one task folder, a JSONL index, or {task_id: HarborTask});
     tasks that cannot run are skipped, each logged in one line and listed in `env.problems`.
     `network`: "task" (each task.toml's network_mode / allow_internet; Harbor's default is
-    public) or "off" (every sandbox blocked, whatever the task asks)."""
+    public) or "off" (every sandbox blocked, whatever the task asks). `image_registry`: on
+    kubernetes, where the tasks' images were pushed (`REGISTRY/orchard/harbor-NAME:HASH12`, see
+    images.py; `orchard tasks push`)."""
 
     env_id = "Orchard/Harbor-v0"
 
     def __init__(self, *, tasks: Any, max_steps: int = 40, exec_timeout: float = 180.0,
-                 snapshot_setup: bool | None = None, network: str = "task", **kwargs: Any):
+                 snapshot_setup: bool | None = None, network: str = "task", image_registry: str | None = None,
+                 **kwargs: Any):
         if network not in ("task", "off"):
             raise gym.error.Error(f"network must be 'task' (as each task.toml says; Harbor's default is public) "
                                   f"or 'off' (every sandbox blocked), not {network!r}")
         self.network = network
+        try:
+            self.image_registry = check_registry(image_registry)
+        except ValueError as e:
+            raise gym.error.Error(str(e)) from None
         self._tasks, self.problems = load_tasks(tasks)
         for problem in self.problems:  # one line each: skipped tasks, and caveats (unknown keys, ...)
             log.warning("Harbor task %s: %s", "skipped" if problem.severity == "error" else "caveat", problem)
@@ -232,26 +194,46 @@ class HarborEnv(SandboxEnv):
             size["cpu"] = s.cpus
         if s.memory_mb is not None:
             size["memory"] = s.memory_mb * 1024 * 1024
+        if s.storage_mb is not None:
+            backend = getattr(self.client, "backend", None)  # None on an orchestrator: its backend decides
+            why = backend.disk_limit_unavailable() if backend is not None else None
+            if why is None:
+                size["disk"] = s.storage_mb * 1024 * 1024
+            elif (task.task_id, self.backend_name()) not in WARNED_STORAGE:
+                WARNED_STORAGE.add((task.task_id, self.backend_name()))
+                log.warning("Harbor task %s: [environment] storage_mb = %d is not enforced on the %s backend: %s",
+                            task.task_id, s.storage_mb, self.backend_name(), why)
         return size
 
     async def before_sandbox(self, task: HarborTask) -> None:
-        """The task's budget and, on docker, its image (built off the event loop)."""
+        """The task's budget and, on docker, its image (built off the event loop); on kubernetes
+        its pushed image's name."""
         self.max_seconds = self._max_seconds if self._max_seconds is not None else task.agent_timeout
         self.snapshot_setup = self._is_local() if self._snapshot_choice is None else self._snapshot_choice
-        if not self._is_local():
-            name = self.backend_name()
-            if name != "docker":
-                raise gym.error.Error(f"Harbor tasks need the local or the docker backend, not "
-                                      f"{name or 'an orchestrator'} (images are built with the docker SDK)")
+        name = self.backend_name()
+        if name == "docker":
             self._images[task.task_id] = await run_in_thread(ensure_image, task, self.client.backend.base_url)
             if task.compose is not None:
                 self._services[task.task_id] = await run_in_thread(ensure_services, task,
                                                                    self.client.backend.base_url)
+            if task.settings.storage_mb is not None:  # asks the engine once (cached): not on the event loop
+                await run_in_thread(self.client.backend.disk_limit_unavailable)
+        elif name == "kubernetes":  # nothing is built on a cluster: the pushed image (images.py)
+            if task.compose is not None:
+                raise gym.error.Error(f"Harbor task {task.task_id}: environment/docker-compose.yaml (services "
+                                      f"beside the agent's) runs on the docker backend only")
+            try:
+                self._images[task.task_id] = cluster_image(task, self.image_registry)
+            except ValueError as e:
+                raise gym.error.Error(str(e)) from None
+        elif name != "local":
+            raise gym.error.Error("Harbor tasks need the local, docker or kubernetes backend in-process, not an "
+                                  "orchestrator (which backend runs its sandboxes is not known here)")
 
     def sandbox_spec(self, task: HarborTask) -> dict:
         """The base spec; a compose task's with its services and `main`'s environment."""
         spec = super().sandbox_spec(task)
-        if task.compose is not None and not self._is_local():
+        if task.compose is not None and self.backend_name() == "docker":
             spec.update(services=self._services[task.task_id], env=dict(task.compose.main_env))
         return spec
 
@@ -301,6 +283,11 @@ class HarborEnv(SandboxEnv):
             await self.run_plan(sandbox, task, task.plan, workdir, path)
             env = {k: self.rewrite(v, workdir) for k, v in task.plan.env.items()}
             path = env.pop("PATH", path)
+        elif self.backend_name() == "kubernetes":  # the pod works in the backend's workdir: the image's WORKDIR
+            workdir = task.settings.workdir or self.image_workdir(task)
+            r = await sandbox.exec(["mkdir", "-p", workdir], timeout=60)
+            if r.exit_code != 0:
+                raise SandboxFailed(f"cannot make the working directory {workdir} in the pod: {r.stderr[-300:]}")
         else:
             workdir = task.settings.workdir or workdir
         env.update(task.settings.env)

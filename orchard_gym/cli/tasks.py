@@ -54,6 +54,42 @@ def _check_harbor(source: str, strict: bool) -> None:
         raise SystemExit(1)
 
 
+@tasks_group.command("push")
+@click.argument("source")
+@click.option("--registry", required=True, help="where the cluster pulls from: HOST[:PORT][/PATH], e.g. "
+                                                "registry.example.com/team")
+@click.option("--no-push", is_flag=True, help="build and tag only (push yourself, or the node's engine is this one)")
+@click.option("--docker-url", default=None, help="the engine (default: $DOCKER_HOST, else the local socket)")
+def push_cmd(source, registry, no_push, docker_url) -> None:
+    """Build each Harbor task's environment/ (as the docker backend does: never pulling, cached
+    by content hash) and push it as REGISTRY/orchard/harbor-NAME:HASH12: the name
+    Orchard/Harbor-v0 runs on kubernetes with image_registry=REGISTRY. Tasks with only
+    [environment] docker_image run that name as is. The engine's `docker login` is used.
+
+    Example: orchard tasks push --registry registry.example.com/team path/to/harbor-tasks
+    """
+    from orchard_gym.backends.docker import default_base_url
+    from orchard_gym.envs.harbor.images import check_registry, push_images
+    from orchard_gym.envs.harbor.tasks import load_tasks
+
+    try:
+        check_registry(registry)
+        tasks, problems = load_tasks(source)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    for p in problems:
+        if p.severity == "error":
+            click.echo(str(p), err=True)
+    rows = push_images([tasks[t] for t in sorted(tasks)], registry, docker_url or default_base_url(),
+                       push=not no_push)
+    for row in rows:
+        click.echo(f"{row['task_id']}\t{row['status']}\t{row['image']}")
+    failed = sum(row["status"].startswith("failed") for row in rows)
+    click.echo(f"{len(rows) - failed} of {len(rows)} task image(s) ready under {registry}; {failed} failed")
+    if failed:
+        raise SystemExit(1)
+
+
 @tasks_group.command("export")
 @click.option("--format", "fmt", type=click.Choice(["harbor"]), default="harbor", show_default=True)
 @click.option("--env", "env_id", default="Orchard/Toy-v0", show_default=True, help="registered env id")
