@@ -111,19 +111,31 @@ def test_repo_is_importable_from_tmp():  # the child processes import the worktr
                                        capture_output=True, text=True, cwd="/").stdout
 
 
-@pytest.mark.parametrize("after", [6.0, 12.0])  # after the imports: set-up (the first sandboxes), then mid-run
-def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(after, tmp_path):
+# when the Ctrl-C lands, waited for on the sandbox root rather than guessed with a sleep (6 s and
+# 12 s were during the imports on a loaded machine): the first sandbox is there (set-up), or at
+# least eight have been made, so episodes have come and gone (mid-run; four run at once)
+WHEN = {"set-up": 1, "mid-run": 8}
+
+
+@pytest.mark.parametrize("when", list(WHEN))
+def test_ctrl_c_on_eval_says_so_and_leaves_nothing_running(when, tmp_path):
     import signal
-    import time
 
     mark = uuid.uuid4().hex
     # a short root: under xdist, tmp_path (.../popen-gwN/test_<long name>0/) put the agent's unix socket
     # past its 108-byte limit, and every sandbox failed to start
     root = short_root("cli")
     env = {**os.environ, "ORCHARD_CLI_MISTAKE": mark, "ORCHARD_LOCAL_ROOT": str(root)}
-    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "20000"],  # far longer than `after`, at any speed
+    p = subprocess.Popen([sys.executable, "-m", "orchard_gym.cli", "eval", *TOY, "--policy", "oracle", "-n", "20000"],  # far longer than the wait, at any speed
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(after)
+    made: set[str] = set()
+
+    def sandboxes_made() -> bool:
+        made.update(d.name for d in root.glob("sb-*"))  # none while the root is not there yet
+        return p.poll() is not None or len(made) >= WHEN[when]
+
+    wait_until(sandboxes_made, timeout=300)
+    assert p.poll() is None, p.communicate()[1][-3000:]
     p.send_signal(signal.SIGINT)  # what Ctrl-C sends (to the foreground process)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130 and "Traceback" not in err, err[-3000:]

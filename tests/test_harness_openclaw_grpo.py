@@ -1,7 +1,10 @@
 """`train grpo --harness openclaw`: the real OpenClaw in real local sandboxes, its calls answered
 by a tiny model through the recording proxy, one real TRL step (as tests/test_harness_grpo.py
 does with a stdlib harness). OpenClaw's request is large (its system prompt and tool schemas,
-~35 KB), so the tiny model gets a long context; each run answers one call.
+~38 KB), so the tiny model gets a long context; each run answers one call. Its tokenizer is also
+trained on OpenClaw's own texts (the workspace templates and skills its prompt is built from):
+OpenClaw's request is ~12.5k tokens instead of ~30k with the toy corpus alone, and attention,
+quadratic in that, was most of this test's time (138 s of a 20-minute CI run).
 
 Rewards: Orchard/Toy-v0 with a scripted grade (the real check still runs): the n-th graded
 run gets n % 2, so a group of 2 has terminal rewards {1, 0} whatever the model generates."""
@@ -29,6 +32,14 @@ from orchard_gym.wrappers.harness.env import HarnessEnv  # noqa: E402
 from orchard_gym.wrappers.harness.plugins.openclaw import HARNESS as OPENCLAW  # noqa: E402
 
 
+def _openclaw_texts() -> list[str]:
+    """The texts OpenClaw builds its system prompt from, as shipped in its npm package."""
+    package = OPENCLAW.install_npm() / "node_modules" / "openclaw"
+    files = sorted(package.glob("docs/reference/templates/*.md")) + sorted(package.glob("skills/*/SKILL.md"))
+    assert files, f"no workspace templates or skills under {package} (OpenClaw moved them? see the docstring)"
+    return [f.read_text(errors="replace") for f in files]
+
+
 def _installed() -> str | None:
     try:
         prefix = OPENCLAW.install_npm()
@@ -47,13 +58,15 @@ TASK = "write-000"
 
 @pytest.mark.timeout(1500)
 def test_a_grpo_step_on_openclaw_runs(local_root, tmp_path):
-    model, tokenizer = build_tiny_model(toy_corpus(TASKS.values()), tmp_path / "tiny", vocab_size=512,
-                                        max_position_embeddings=65536)
+    model, tokenizer = build_tiny_model(toy_corpus(TASKS.values()) + _openclaw_texts(), tmp_path / "tiny",
+                                        vocab_size=4096, max_position_embeddings=65536)
     AlternatingToy.counts = collections.Counter()
     args = HarnessGRPOArgs(env_id="Orchard/Toy-v0", harness="openclaw", backend={"type": "local", "root": str(local_root)},
                            group_size=2, prompts_per_step=1, max_calls=1, max_seconds=600, seed=0,
                            sampling=SamplingParams(max_new_tokens=8, linger=0.01))
-    config = grpo_config(tmp_path / "run", args, steps=1, learning_rate=1e-2)
+    # no gradient checkpointing: two layers of a tiny model need no memory saved, and recomputing
+    # their forward pass over OpenClaw's long prompt was a fifth of the step
+    config = grpo_config(tmp_path / "run", args, steps=1, learning_rate=1e-2, gradient_checkpointing=False)
 
     def make_env(client, proxy, max_calls=1):
         return HarnessEnv(AlternatingToy(tasks=TASKS, client=client), "openclaw", proxy=proxy, max_steps=max_calls,

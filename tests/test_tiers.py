@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from tiers import FULL_ONLY_COMPONENTS, SLOW, why_slow
+from tiers import FULL_ONLY_COMPONENTS, SLOW, cost_of, group_of, why_slow
 
 from conftest import REPO
 from components import COMPONENTS
@@ -51,13 +51,25 @@ def test_the_hook_sends_containers_heavy_components_and_listed_tests_to_the_full
     assert why_slow(_Item("tests/test_conformance.py::test_memory_limit_other[local-bwrap]")) is None
 
 
+def test_groups_are_modules_podman_and_docs_pages_with_slow_tests_costing_more():
+    assert group_of(_Item("tests/test_x.py::test_a")) == group_of(_Item("tests/test_x.py::test_b[1]")) == "tests/test_x.py"
+    assert group_of(_Item("tests/test_x.py::test_a[docker]", pytest.mark.docker.mark)) == "podman"
+    docs = "tests/test_docs_examples.py"
+    page = group_of(_Item(f"{docs}::test_doc_example[docs/a.md:12]"))
+    assert page == group_of(_Item(f"{docs}::test_doc_example[docs/a.md:140]")) == f"{docs}::docs/a.md"
+    assert group_of(_Item(f"{docs}::test_doc_example[README.md:9]")) == f"{docs}::README.md"
+    assert group_of(_Item(f"{docs}::test_every_block_is_labelled_and_marked_well")) == docs
+    assert cost_of(_Item("tests/test_x.py::test_a", pytest.mark.slow.mark)) > cost_of(_Item("tests/test_x.py::test_a"))
+
+
 def test_loadgroup_keeps_each_module_in_one_worker_in_order():
     """pytest 9 broke xdist's own `--dist loadgroup` (it appends the group to `Item._nodeid`, which
     pytest 9 no longer reads): every test was scheduled alone, and a docs page's blocks ran in two
     workers. tiers.py's scheduler groups them again."""
-    modules = ["tests/test_http1.py", "tests/test_renames.py"]
+    # two quick modules (this one's other tests are file reads): the child runs cost their start-ups
+    modules, others = ["tests/test_http1.py", "tests/test_tiers.py"], "not test_loadgroup"
     r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadgroup",
-                        "-v", *modules], cwd=REPO, capture_output=True, text=True, timeout=600)
+                        "-v", "-k", others, *modules], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:]
     ran: dict[str, list[tuple[str, str]]] = {}
     for line in r.stdout.splitlines():
@@ -65,8 +77,10 @@ def test_loadgroup_keeps_each_module_in_one_worker_in_order():
         if m:
             ran.setdefault(m.group(2), []).append((m.group(1), m.group(3)))
     assert sorted(ran) == modules, r.stdout[-3000:]
+    listed = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                             "-k", others, *modules], cwd=REPO, capture_output=True, text=True, timeout=300).stdout
     for module, runs in ran.items():
         assert len({worker for worker, _ in runs}) == 1, (module, runs)
-        listed = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
-                                 module], cwd=REPO, capture_output=True, text=True, timeout=300).stdout
-        assert [name for _, name in runs] == [line.split("::", 1)[1] for line in listed.splitlines() if "::" in line]
+        assert len(runs) > 3, runs
+        assert [name for _, name in runs] == [line.split("::", 1)[1] for line in listed.splitlines()
+                                              if line.startswith(module + "::")]

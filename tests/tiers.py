@@ -195,7 +195,21 @@ def group_of(item: pytest.Item) -> str:
     drives Podman runs in one worker, one at a time (concurrent creates and deletes on the one
     engine gave "no such container" under load, and the host-guard and leak checks list every
     container)."""
-    return "podman" if uses_podman(item) else item.nodeid.partition("::")[0]
+    if uses_podman(item):
+        return "podman"
+    module, _, name = item.nodeid.partition("::")
+    if module == "tests/test_docs_examples.py" and "[" in name:  # a page's blocks: one folder, in order
+        return f"{module}::{name.split('[', 1)[1].rsplit(':', 1)[0]}"  # the page, not the whole module
+    return module
+
+
+# The scheduler's guess of a test's seconds, for the order it hands out groups in (longest first):
+# a full-suite test (slow mark) takes about ten times a fast one (the full suite's --durations).
+SLOW_COST, FAST_COST = 10.0, 1.0
+
+
+def cost_of(item: pytest.Item) -> float:
+    return SLOW_COST if item.get_closest_marker("slow") else FAST_COST
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -204,17 +218,18 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker("slow") and why_slow(item):
             item.add_marker(pytest.mark.slow)
         item.add_marker(pytest.mark.xdist_group(group_of(item)))
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if worker:  # for the scheduler below, before this worker reports its collection
-        path = f"{os.environ[GROUPS]}.{worker}"
-        with open(path + ".tmp", "w") as f:
-            json.dump({item.nodeid: group_of(item) for item in items}, f)
-        os.replace(path + ".tmp", path)
     if config.getoption("fast"):  # as -m "not slow" would (and on top of any -m given)
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    if worker:  # for the scheduler below, before this worker reports its collection
+        # (each test: its group, and its cost for the order the groups are handed out in)
+        path = f"{os.environ[GROUPS]}.{worker}"
+        with open(path + ".tmp", "w") as f:
+            json.dump({item.nodeid: [group_of(item), cost_of(item)] for item in items}, f)
+        os.replace(path + ".tmp", path)
 
 
 @pytest.hookimpl(optionalhook=True)  # a run without xdist (-p no:xdist) has no such hook
@@ -226,13 +241,24 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
-        groups: dict[str, str] | None = None
+        groups: dict[str, list] | None = None
+        costs: dict[str, float] = {}
 
         def _split_scope(self, nodeid: str) -> str:
             if self.groups is None:
                 files = sorted(glob.glob(os.environ[GROUPS] + ".gw*"))
                 files = [f for f in files if not f.endswith(".tmp")]
                 self.groups = json.loads(open(files[0]).read()) if files else {}
-            return self.groups.get(nodeid) or nodeid.partition("::")[0]
+                self.costs = {}
+                for group, cost in self.groups.values():
+                    self.costs[group] = self.costs.get(group, 0.0) + cost
+            return self.groups[nodeid][0] if nodeid in self.groups else nodeid.partition("::")[0]
+
+        def _assign_work_unit(self, node) -> None:
+            # longest first: xdist orders groups by their number of tests, so a module of one
+            # two-minute test came last and one worker ran it alone at the end
+            costliest = max(self.workqueue, key=lambda scope: self.costs.get(scope, 0.0))
+            self.workqueue.move_to_end(costliest, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
