@@ -481,7 +481,7 @@ class _AgentServer:
         with no periodic polling by thousands of idle agents."""
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-        with selectors.DefaultSelector() as selector:
+        with selectors.PollSelector() as selector:  # as socketserver: poll(2) holds no fd (epoll would)
             selector.register(self, selectors.EVENT_READ)
             selector.register(wake_r, selectors.EVENT_READ)
             while True:
