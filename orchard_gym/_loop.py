@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -47,6 +49,8 @@ class LoopThread:
             raise RuntimeError("the sync API was called from its own event loop; use the async API there")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
+            if threading.current_thread() is threading.main_thread():
+                return _result_interruptibly(future, timeout)
             return future.result(timeout)
         except BaseException:
             future.cancel()  # e.g. Ctrl-C in the caller: stop the work too
@@ -54,6 +58,23 @@ class LoopThread:
 
 
 os.register_at_fork(after_in_child=LoopThread._forget)
+
+# The kernel may hand Ctrl-C or SIGTERM to any thread (this loop's, a worker's); Python then only
+# flags it for the main thread, which runs the handler when it next runs bytecode. Blocked on one
+# future for a whole `orchard eval`, it would not until the run ended: it wakes this often instead.
+SIGNAL_CHECK_SECONDS = 0.2
+
+
+def _result_interruptibly(future: concurrent.futures.Future, timeout: float | None):
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        wait = SIGNAL_CHECK_SECONDS if deadline is None else min(SIGNAL_CHECK_SECONDS,
+                                                                 max(0.0, deadline - time.monotonic()))
+        try:
+            return future.result(wait)
+        except TimeoutError:
+            if future.done() or (deadline is not None and time.monotonic() >= deadline):
+                raise  # the coroutine's own TimeoutError, or the caller's timeout is up
 
 
 async def run_in_thread(fn, *args):

@@ -61,6 +61,25 @@ def _private_tmpdir() -> None:
 
 
 _private_tmpdir()
+
+# Started as `cmd &` by a shell without job control (a CI step, nohup), pytest inherits SIGINT
+# ignored, and so would every child: the Ctrl-C tests' commands then never see their Ctrl-C.
+# A Python handler (unlike SIG_IGN) is reset to the default in the children at exec.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def tgkill(pid: int, tid: int, sig: int) -> None:
+    """Send `sig` to one thread `tid` of process `pid` (a process-directed kill lets the kernel pick)."""
+    import ctypes
+    import platform
+
+    number = {"x86_64": 234, "aarch64": 131}.get(platform.machine())
+    if number is None:
+        pytest.skip(f"the tgkill syscall number on {platform.machine()} is not known here")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(number, pid, tid, sig) != 0:
+        raise OSError(ctypes.get_errno(), f"tgkill({pid}, {tid}, {sig})")
 AGENT_PY = REPO / "orchard_gym" / "agent"  # a folder: python runs its __main__.py
 HAS_BWRAP = shutil.which("bwrap") is not None
 WHY_NO_BWRAP = "" if HAS_BWRAP else "bwrap is not on PATH (bash scripts/setup_system.sh)"

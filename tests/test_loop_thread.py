@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+
+import pytest
 
 from orchard_gym._loop import run_in_thread
 
@@ -51,3 +54,54 @@ def test_results_and_errors_reach_the_awaiting_coroutine():
 
     ok, err = asyncio.run(both())
     assert ok == 7 and isinstance(err, ZeroDivisionError)
+
+
+CTRL_C_CHILD = """
+import asyncio, sys, threading
+from orchard_gym._loop import LoopThread
+loop = LoopThread.shared()
+print(loop._thread.native_id, flush=True)
+try:
+    loop.run(asyncio.sleep(60))
+except KeyboardInterrupt:
+    print("interrupted", flush=True)
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_the_kernel_hands_to_the_loop_thread_interrupts_the_blocked_caller():
+    """The kernel may deliver a process's SIGINT to any thread. Taken by the loop thread, it only
+    flags the main thread, which sat in `future.result()` until the whole call ended: Ctrl-C on
+    `orchard eval` did nothing for the rest of the run."""
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import tgkill
+
+    p = subprocess.Popen([sys.executable, "-c", CTRL_C_CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        loop_tid = int(p.stdout.readline())
+        time.sleep(0.3)  # into loop.run(): a signal before it would end the child the same way
+        tgkill(p.pid, loop_tid, signal.SIGINT)
+        assert p.wait(20) == 130
+        assert "interrupted" in p.stdout.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(10)
+
+
+def test_a_timeout_of_the_caller_and_the_coroutines_own_timeouterror_stay_apart():
+    from orchard_gym._loop import LoopThread
+
+    async def raises():
+        raise TimeoutError("the coroutine's own")
+
+    loop = LoopThread.shared()
+    with pytest.raises(TimeoutError, match="the coroutine's own"):
+        loop.run(raises())
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        loop.run(asyncio.sleep(5), timeout=0.5)
+    assert time.monotonic() - started < 4  # the caller's timeout, not the sleep's end

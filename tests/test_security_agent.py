@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import AGENT_PY, marked_pids, require_module, wait_until
+from conftest import AGENT_PY, marked_pids, require_module, tgkill, wait_until
 
 TOKEN = "tok-" + "q" * 40
 DIGEST = hashlib.sha256(TOKEN.encode()).hexdigest()
@@ -147,15 +147,6 @@ def test_sdk_and_orchestrator_models_refuse_non_finite_numbers():
         ExecBody.model_validate_json('{"command": "true", "timeout_seconds": Infinity}')
 
 
-def _tgkill(pid: int, tid: int, sig: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.syscall(234, pid, tid, sig) != 0:  # SYS_tgkill on x86_64
-        raise OSError(ctypes.get_errno(), "tgkill")
-
-
-@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the tgkill syscall number used is x86_64's")
 def test_sigterm_taken_by_a_worker_thread_still_ends_the_agent(tmp_path):
     """The kernel may hand a process's SIGTERM to any thread. Python only sets a flag there,
     which the main thread reads when it next wakes: asleep in select for an hour, the agent
@@ -165,7 +156,7 @@ def test_sigterm_taken_by_a_worker_thread_still_ends_the_agent(tmp_path):
         assert a.http.post("/exec", json={"command": "true"}).json()["exit_code"] == 0
         workers = [int(t) for t in os.listdir(f"/proc/{a.proc.pid}/task") if int(t) != a.proc.pid]
         assert workers, "the agent has no thread but its main one"
-        _tgkill(a.proc.pid, workers[0], signal.SIGTERM)
+        tgkill(a.proc.pid, workers[0], signal.SIGTERM)
         assert a.proc.wait(10) == 0
     finally:
         a.http.close()
