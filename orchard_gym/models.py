@@ -86,6 +86,14 @@ def iso_mtime(seconds: float) -> str:
 SERVICE_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 
 
+def check_env_vars(v: dict[str, str]) -> dict[str, str]:
+    """`v` if every name and value can be a process's environment, else ValueError saying which not."""
+    for key, value in v.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
+    return v
+
+
 class ServiceHealthcheck(BaseModel):
     """A sidecar's readiness probe, run in the sidecar by the backend (not by the engine):
     healthy at the first probe that exits 0; unhealthy when none does within
@@ -129,10 +137,7 @@ class ServiceSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
-        return v
+        return check_env_vars(v)
 
 
 def check_services(services: list[ServiceSpec]) -> list[ServiceSpec]:
@@ -204,9 +209,7 @@ class SandboxSpec(BaseModel):
     @field_validator("env")
     @classmethod
     def _check_env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            if not key or "=" in key or "\0" in key or "\0" in value:
-                raise ValueError(f"illegal environment variable {key!r}: names need no '=' and no NUL, values no NUL")
+        for key in check_env_vars(v):
             if key.startswith(RESERVED_ENV_PREFIX):  # the backends' own (sandbox id, agent token)
                 raise ValueError(f"environment variable {key!r} is reserved: names starting with "
                                  f"{RESERVED_ENV_PREFIX!r} belong to orchard-gym")
