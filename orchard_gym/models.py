@@ -168,6 +168,11 @@ def check_services(services: list[ServiceSpec]) -> list[ServiceSpec]:
     return ordered
 
 
+# a sandbox's disk: below 16 MiB mkfs cannot lay out an ext4 workdir (local); above 1 TiB each
+# size's formatted template alone takes tens of MB on the backend's root
+DISK_MIN, DISK_MAX = 16 * 2**20, 2**40
+
+
 class SandboxSpec(BaseModel):
     """What to create: the body of `POST /sandboxes` and `create_sandbox()`."""
 
@@ -193,6 +198,14 @@ class SandboxSpec(BaseModel):
     @classmethod
     def _check_services(cls, v: list[ServiceSpec]) -> list[ServiceSpec]:
         return check_services(v)
+
+    @field_validator("disk")
+    @classmethod
+    def _check_disk(cls, v: int | str | None) -> int | str | None:
+        size = parse_memory(v)
+        if size is not None and not DISK_MIN <= size <= DISK_MAX:
+            raise ValueError(f"disk must be between 16 MiB and 1 TiB, not {size} bytes")
+        return v
 
     @field_validator("from_snapshot")
     @classmethod

@@ -225,3 +225,13 @@ def test_orchard_tasks_push_tags_the_names_kubernetes_runs_and_says_when_a_push_
         except docker.errors.ImageNotFound:
             pass
         engine.close()
+
+
+@pytest.mark.parametrize("storage_mb", [8, 2**21])
+def test_a_storage_mb_no_sandbox_can_have_skips_the_task_saying_so(tmp_path, storage_mb):
+    """Below 16 MB mkfs cannot lay out a workdir; the sandbox's spec refuses it too: refused at
+    load, one line, instead of an infrastructure error at every reset."""
+    tasks, problems = load_tasks(task_folder(tmp_path, storage_mb=storage_mb))[:2]
+    assert "sum-numbers" not in tasks
+    assert any(p.severity == "error" and "storage_mb" in p.message and "16 MB to 1 TB" in p.message
+               for p in problems), problems

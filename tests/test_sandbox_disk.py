@@ -20,7 +20,7 @@ _GATEWAY, _WHY_NOT = docker_engine()
 MB = 1 << 20
 
 
-@pytest.mark.parametrize("bad", ["lots", "", "-5m", 0, -1, True, "10 parsecs", 1.5])
+@pytest.mark.parametrize("bad", ["lots", "", "-5m", 0, -1, True, "10 parsecs", 1.5, 1, "1k", "15m", "2t"])
 def test_garbage_disk_sizes_are_refused(bad):
     with pytest.raises(ValidationError, match="disk"):
         SandboxSpec(disk=bad)

@@ -231,6 +231,8 @@ def review(data: dict) -> tuple[Settings, list[str]]:
         memory_mb = memory_mb or _size_mb(env.memory, "memory")
     if env.storage is not None:
         storage_mb = storage_mb or _size_mb(env.storage, "storage")
+    if storage_mb is not None and not 16 <= storage_mb <= 2**20:  # SandboxSpec.disk's range
+        raise TaskRefused(f"[environment] storage_mb = {storage_mb}: a sandbox's disk is 16 MB to 1 TB here")
     for section, user in (("agent", agent.user), ("verifier", verifier.user)):
         if user is not None:
             warnings.append(f"[{section}] user = {user!r}: commands run as the sandbox's user (the image's USER "
