@@ -21,6 +21,7 @@ from orchard_gym.envs.swe.grading import grade as swe_grade
 from orchard_gym.envs.swe.tasks import load_tasks
 
 from conftest import docker_engine, needs, needs_bwrap
+from harbor_exports import export_with_cli, local_harbor_env
 from harbor_real import harbor_check
 
 _GATEWAY, _WHY_NOT = docker_engine()
@@ -38,19 +39,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.fixture(scope="module")
 def swe_export(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("harbor") / "swe"
-    result = CliRunner().invoke(main, ["tasks", "export", "--format", "harbor", "--env", "Orchard/SWE-v0",
-                                       "--out", str(out)])
-    assert result.exit_code == 0 and "10 Harbor task folders" in result.output and "0 refused" in result.output, \
-        result.output
-    return out
-
-
-def _env(tasks: Path, root: Path) -> HarborEnv:
-    env = gym.make("Orchard/Harbor-v0", tasks=str(tasks),
-                   backend={"type": "local", "isolation": "bwrap", "root": str(root)}).unwrapped
-    assert isinstance(env, HarborEnv)
-    return env
+    return export_with_cli(tmp_path_factory.mktemp("harbor") / "swe", "Orchard/SWE-v0", 10)
 
 
 def _oracle(env: HarborEnv, task_id: str) -> tuple[float, dict]:
@@ -99,7 +88,7 @@ def test_exported_verifier_grades_a_log_as_swebench_does(swe_export, log):
 
 @needs_bwrap
 def test_every_builtin_swe_task_exported_oracle_passes_nothing_fails(swe_export, local_root):
-    env = _env(swe_export, local_root)
+    env = local_harbor_env(swe_export, local_root)
     try:
         assert env.task_ids() == sorted(load_tasks())
         for task_id in env.task_ids():
@@ -125,7 +114,7 @@ def test_a_conftest_forcing_passes_is_put_back_before_the_tests_run(swe_export, 
         text = script.read_text()
         assert "dropped = restore_protected(rules)" in text
         script.write_text(text.replace("dropped = restore_protected(rules)", "dropped = []"))
-    env = _env(tmp_path / "tasks", local_root)
+    env = local_harbor_env(tmp_path / "tasks", local_root)
     try:
         env.reset(options={"task_id": "parse-1.20.1"})
         command = f"cat > conftest.py <<'EOF'\n{CONFTEST_FORCING_PASS}EOF"

@@ -25,9 +25,10 @@ from orchard_gym.envs.claw import checks
 from orchard_gym.envs.claw.sandbox import claw_tools
 from orchard_gym.envs.claw.sandbox.claw_file_world import replay
 from orchard_gym.envs.claw.tasks import load_tasks
-from orchard_gym.envs.harbor.env import HarborEnv, HarborOraclePolicy
+from orchard_gym.envs.harbor.env import HarborOraclePolicy
 
 from conftest import docker_engine, needs, needs_bwrap
+from harbor_exports import export_with_cli, local_harbor_env
 from harbor_real import harbor_check
 from test_harbor_runner import harbor_job, harbor_outcome
 
@@ -42,19 +43,7 @@ _GATEWAY, _WHY_NOT = docker_engine()
 
 @pytest.fixture(scope="module")
 def claw_export(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("harbor") / "claw"
-    result = CliRunner().invoke(main, ["tasks", "export", "--format", "harbor", "--env", "Orchard/Claw-v0",
-                                       "--out", str(out)])
-    assert result.exit_code == 0 and "70 Harbor task folders" in result.output and "0 refused" in result.output, \
-        result.output
-    return out
-
-
-def _env(tasks: Path, root: Path) -> HarborEnv:
-    env = gym.make("Orchard/Harbor-v0", tasks=str(tasks),
-                   backend={"type": "local", "isolation": "bwrap", "root": str(root)}).unwrapped
-    assert isinstance(env, HarborEnv)
-    return env
+    return export_with_cli(tmp_path_factory.mktemp("harbor") / "claw", "Orchard/Claw-v0", 70)
 
 
 def _untouched_score(task) -> dict:
@@ -79,7 +68,7 @@ def test_exported_claw_folders_validate_with_harbor_and_orchard(claw_export):
 @needs_bwrap
 def test_every_builtin_claw_task_exported_oracle_passes_nothing_fails(claw_export, local_root):
     tasks = load_tasks()
-    env = _env(claw_export, local_root)
+    env = local_harbor_env(claw_export, local_root)
     try:
         assert env.task_ids() == sorted(tasks)
         for task_id in env.task_ids():
@@ -122,7 +111,7 @@ def test_a_world_json_the_agent_rewrote_is_not_what_is_graded(claw_export, tmp_p
         script.write_text(text.replace("        task = json.load(f)\n", "        task = json.load(f)\n    with open("
                                        "os.path.join(os.path.dirname(log_file), 'world.json')) as f:\n"
                                        "        task.update(json.load(f))\n"))
-    env = _env(tmp_path / "tasks", local_root)
+    env = local_harbor_env(tmp_path / "tasks", local_root)
     try:
         env.reset(options={"task_id": "mail-reply-001"})
         obs, *_ = env.step({"name": "bash", "arguments": {"command": _rewrite_world_json("mail-reply-001")}})
