@@ -58,20 +58,18 @@ def main(argv) -> int:
     try:
         with open(log_file, encoding="utf-8", errors="replace") as f:
             lines = f.read().splitlines()
-        report = grade(task, lines)
     except FileNotFoundError:
         lines = []
-        report = grade(task, lines)
-    except OSError as e:  # a folder in its place, ...: the agent broke its own record
-        lines = []
-        report = grade(task, [f"unreadable: {e}"])
+    except OSError as e:  # a folder in its place, ...: the agent broke its own record (not JSON lines: 0)
+        lines = [f"unreadable: {e}"]
+    report = grade(task, lines)
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
     with open(os.path.join(out, "reward.json"), "w") as f:
         json.dump(rewards(report), f)
     print(f"task {task.get('task_id')}: task_score {report['task_score']} passed {report['passed']} "
-          f"({len(lines)} logged calls)")
+          f"({len(lines)} log lines)")
     for c in report["checks"]:
         print(f"  {'PASS' if c['passed'] else 'FAIL'} {c['kind']}: {c['name']} ({c['detail']})")
     return 0
