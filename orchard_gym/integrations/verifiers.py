@@ -70,6 +70,14 @@ def user_turn(observation: Any) -> str | list[dict]:
     return observation if isinstance(observation, str) else str(observation)
 
 
+async def next_user_turn(observation: Any) -> str | list[dict]:
+    """`user_turn`; a screen's PNG (~70 ms at 1280x720) is encoded off the loop other episodes
+    share, text turns as they are (no thread hop for them)."""
+    if isinstance(observation, dict):
+        return await asyncio.to_thread(user_turn, observation)
+    return user_turn(observation)
+
+
 class OrchardConfig(vf.TasksetConfig):
     env: str = "Orchard/Toy-v0"
     """The Orchard env id (`Orchard/SWE-v0`, `Orchard/Claw-v0`, ...)."""
@@ -130,8 +138,7 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):
         try:
             observation = await hub.arun(episode.start(data.task_id))
             async with agents.agent.interaction(task) as interaction:
-                # a screen's PNG (~70 ms at 1280x720) is encoded off the loop other episodes share
-                segment = await interaction.turn(await asyncio.to_thread(user_turn, observation))
+                segment = await interaction.turn(await next_user_turn(observation))
                 step_seconds = []
                 while not segment.terminated:
                     started = time.perf_counter()
@@ -142,7 +149,7 @@ class OrchardEnv(vf.Env[OrchardEnvConfig]):
                     step_seconds.append(time.perf_counter() - started)
                     if episode.done:
                         break
-                    segment = await interaction.turn(await asyncio.to_thread(user_turn, observation))
+                    segment = await interaction.turn(await next_user_turn(observation))
                 outcome = await hub.arun(episode.finish())  # submits an episode the model left open
             if step_seconds:  # the env's share of each turn (scripts/bench_integrations.py)
                 interaction.trace.record_metric(STEP_MS, statistics.median(step_seconds) * 1000)
