@@ -236,6 +236,10 @@ class PodWatcher:
             raise
         self._resp = resp
         try:
+            # stop() sets the flag, then shuts the answer it sees; we publish the answer, then read
+            # the flag: a stop() between the request and here finds no answer to shut, so we look
+            if self._stop.is_set():
+                return
             for line in iter_resp_lines(resp):
                 if self._stop.is_set():
                     return

@@ -222,6 +222,44 @@ async def test_watch_cut_midway_resumes_from_its_resource_version(instant):
         await backend.aclose()
 
 
+def test_a_stop_while_the_watch_request_is_on_its_way_ends_the_watch(instant, monkeypatch):
+    """stop() shuts the watch's open answer to end its blocking read; a stop that lands after
+    the watch was requested but before its answer was published finds nothing to shut. The
+    thread must see the stop before it reads, not block until the next event or bookmark
+    (each client close took 5 s of the conformance suite's, one bookmark interval)."""
+    import threading
+
+    from orchard_gym.backends import kubernetes_watch
+
+    read_after_stop, stopper = [], []
+    real_watch = kubernetes.client.CoreV1Api.list_namespaced_pod
+    real_lines = kubernetes_watch.iter_resp_lines
+
+    def watch_then_stop(api, *args, **kwargs):
+        resp = real_watch(api, *args, **kwargs)
+        if kwargs.get("watch") and not stopper:  # the answer is here, not yet published: stop now
+            w = backend.watcher
+            stopper.append(threading.Thread(target=w.stop))
+            stopper[0].start()
+            assert w._stop.wait(5)
+        return resp
+
+    def lines(resp):
+        read_after_stop.append(backend.watcher._stop.is_set())
+        yield from real_lines(resp)
+
+    monkeypatch.setattr(kubernetes.client.CoreV1Api, "list_namespaced_pod", watch_then_stop)
+    monkeypatch.setattr(kubernetes_watch, "iter_resp_lines", lines)
+    backend = control_plane_backend(instant)
+    try:
+        assert wait_until(lambda: stopper, 10), "the watch was never requested"
+        stopper[0].join(10)
+        assert not backend.watcher._thread.is_alive(), "the watch thread outlived stop()"
+        assert True not in read_after_stop, "the watch read its answer after stop()"
+    finally:
+        asyncio.run(backend.aclose())
+
+
 async def test_410_gone_lists_again_and_misses_nothing(instant):
     backend = control_plane_backend(instant)
     lost = []
