@@ -9,13 +9,12 @@ import asyncio
 import json
 import subprocess
 import threading
-import time
 
 import gymnasium as gym
 import pytest
 
 from adapter_helpers import as_text, gym_reward, live_sandboxes
-from conftest import require
+from conftest import require, wait_until
 
 import orchard_gym  # noqa: F401
 from orchard_gym.client import AsyncSandboxClient
@@ -78,26 +77,29 @@ def test_an_unprovisionable_episode_is_an_error_not_a_zero(stub, tmp_path):
 
 
 def test_a_sandbox_dying_mid_episode_is_an_error_not_a_zero(stub, local_root, tmp_path):
-    # the model takes 30 s to answer (no tool call); while it thinks, the sandbox is deleted from
-    # outside; the answer's step ends the episode (max_steps=1) and grading finds the sandbox dead:
-    # the trace gets an EnvError and no reward (recording a 0.0 would read as a grade)
+    # the model answers (no tool call) only when released; while it thinks, the sandbox is deleted
+    # from outside; the answer's step ends the episode (max_steps=1) and grading finds the sandbox
+    # dead: the trace gets an EnvError and no reward (recording a 0.0 would read as a grade)
     backend = {"type": "local", "root": str(local_root)}
     result: dict = {}
     run = threading.Thread(target=lambda: result.update(episodes=vf_eval(
-        "Orchard/Claw-v0", model="stub-slow-30", base_url=stub.url, tasks=[CLAW_TASK],
+        "Orchard/Claw-v0", model="stub-held", base_url=stub.url, tasks=[CLAW_TASK],
         env_kwargs={"backend": backend, "max_steps": 1}, out_dir=tmp_path)))
     run.start()
-    deadline = time.monotonic() + 300
-    while not (live := live_sandboxes(backend)) and time.monotonic() < deadline and run.is_alive():
-        time.sleep(0.5)
-    assert live, "no sandbox appeared"
-    time.sleep(12)  # the task's set-up is done (seconds), the model's answer is not (30 s)
+    try:
+        # the model was asked: the task's set-up is done, and its answer waits for release()
+        asked = lambda: any(body.get("model") == "stub-held" for body in stub.received)
+        assert wait_until(lambda: asked() or not run.is_alive(), 300) and asked(), "the model was never asked"
+        live = live_sandboxes(backend)
+        assert len(live) == 1, live
 
-    async def kill():
-        async with AsyncSandboxClient(backend) as client:
-            await client.delete_sandbox(live[0].sandbox_id)
+        async def kill():
+            async with AsyncSandboxClient(backend) as client:
+                await client.delete_sandbox(live[0].sandbox_id)
 
-    asyncio.run(kill())
+        asyncio.run(kill())
+    finally:
+        stub.release()
     run.join(600)
     [episode] = result["episodes"]
     assert episode.turns == 1, episode  # the exchange ran: the failure is the episode's, not the start's

@@ -16,6 +16,7 @@ picks the behaviour:
 | `stub-garbage` | `200` with an HTML body |
 | `stub-shape` | `200` with JSON that is no completion |
 | `stub-slow-S` | the echo after S seconds |
+| `stub-held` | the echo once `stub.release()` was called (at most 600 s later): a model "thinking" for as long as a test needs |
 | `stub-broken-stream` | (stream) two chunks, then a line that is no JSON |
 | `stub-cut-stream` | (stream) two chunks, then the connection closes |
 | `stub-error-stream` | (stream) two chunks, then an OpenAI-shaped error event |
@@ -39,6 +40,8 @@ import base64
 import collections
 import hashlib
 import json
+import threading
+import time
 import zlib
 
 from starlette.applications import Starlette
@@ -120,6 +123,8 @@ async def chat(request: Request) -> Response:
         return failed
     if model.startswith("stub-slow-"):
         await asyncio.sleep(float(model.rsplit("-", 1)[1]))
+    if model == "stub-held":
+        await _held(request.app.state.released)
     messages, tools = prompt_of("chat.completions", body)
     message = _answer(body, messages, tools, scripts)
     prompt_text = " ".join(str(m.get("content") or "") for m in messages)
@@ -162,6 +167,15 @@ async def chat(request: Request) -> Response:
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+HELD_AT_MOST = 600.0  # seconds a `stub-held` answer waits for release()
+
+
+async def _held(released: threading.Event) -> None:
+    deadline = time.monotonic() + HELD_AT_MOST
+    while not released.is_set() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 async def responses(request: Request) -> Response:
     body, scripts = await request.json(), request.app.state.scripts
     request.app.state.received.append(body)
@@ -200,6 +214,7 @@ def create_stub_app(scripts: dict[str, list[str]] | None = None) -> Starlette:
                             Route("/v1/models", models, methods=["GET"])])
     app.state.scripts = dict(scripts or {})
     app.state.received = collections.deque(maxlen=RECEIVED)
+    app.state.released = threading.Event()  # set by StubUpstream.release(): `stub-held` answers
     return app
 
 
@@ -221,6 +236,10 @@ class StubUpstream:
     def received(self) -> list[dict]:
         """The last RECEIVED request bodies the stub got, oldest first."""
         return list(self._runner.app.state.received)
+
+    def release(self) -> None:
+        """Let every `stub-held` request answer, those waiting and those to come."""
+        self._runner.app.state.released.set()
 
     def start(self) -> StubUpstream:
         self._runner.start_in_thread()
