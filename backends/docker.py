@@ -58,6 +58,7 @@ from orchard_gym.models import SNAPSHOT_ID_RE, AgentEndpoint, SandboxRecord, San
 from . import engine_stats, host_guard
 from .docker_bundle import SharedBundle, container_lost, name_in_use
 from .docker_services import NetworkTaken, Sidecars
+from .engine import default_base_url, open_engine
 from .owners import owner_gone, owner_identity
 from .base import Backend, new_sandbox_id, new_token, token_sha256
 from .config import DockerBackendConfig
@@ -72,22 +73,12 @@ except ImportError:  # pragma: no cover - the extra is missing
 
 log = logging.getLogger(__name__)
 
-PODMAN_SOCKET = "/run/podman/podman.sock"
 AGENT_DIR = "/opt/orchard-agent"
 # docs/agent_bundle.md: run the bundle's loader explicitly, so the image needs no glibc
 LOADER = f"{AGENT_DIR}/lib/ld-linux-x86-64.so.2"
 AGENT_ARGS = ["--library-path", f"{AGENT_DIR}/lib", f"{AGENT_DIR}/bin/python3", "-I", "-S", "-B",
               f"{AGENT_DIR}/agent"]  # a folder of modules: python runs its __main__.py
 DEFAULT_WORKDIR = "/workspace"
-
-
-def default_base_url() -> str:
-    """$DOCKER_HOST, else Podman's rootful socket if present, else Docker's default."""
-    if os.environ.get("DOCKER_HOST"):
-        return os.environ["DOCKER_HOST"]
-    if os.path.exists(PODMAN_SOCKET):
-        return f"unix://{PODMAN_SOCKET}"
-    return "unix:///var/run/docker.sock"
 
 
 ARP_NOTIFY = "/proc/sys/net/ipv4/conf/all/arp_notify"
@@ -138,12 +129,9 @@ class DockerBackend(Backend):
         self.snapshots = DockerSnapshots(self)
         self.services_label = f"{p}.services"
         try:
-            if self.config.base_url is None and os.environ.get("DOCKER_HOST"):  # honours DOCKER_TLS_* too
-                self.client = docker.from_env(timeout=self.config.api_timeout, max_pool_size=self.config.workers)
-            else:
-                self.client = docker.DockerClient(base_url=self.base_url, timeout=self.config.api_timeout,
-                                                  max_pool_size=self.config.workers)
-            version = self.client.version()
+            from_env = self.config.base_url is None and os.environ.get("DOCKER_HOST")  # DOCKER_TLS_* too
+            self.client, version = open_engine(None if from_env else self.base_url,
+                                               timeout=self.config.api_timeout, max_pool_size=self.config.workers)
         except Exception as e:
             raise BackendError(f"cannot reach the container engine at {self.base_url} ({e}); for Podman "
                                f"run `scripts/podman_service.sh start`") from None

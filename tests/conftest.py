@@ -292,12 +292,12 @@ def docker_engine() -> tuple[str | None, str]:
     try:
         import docker
 
-        from orchard_gym.backends.docker import default_base_url
+        from orchard_gym.backends.engine import default_base_url, open_engine
     except ImportError:
         return None, "the docker SDK is not installed (bash scripts/install.sh dev,docker)"
     url = default_base_url()
     try:
-        client = docker.DockerClient(base_url=url, timeout=10)
+        client, _ = open_engine(url, timeout=10)
     except Exception as e:
         return None, f"no container engine at {url} ({e}); run scripts/podman_service.sh start"
     try:
@@ -325,9 +325,9 @@ def image_why_not(image: str, build: str) -> str | None:
         return why_not
     import docker
 
-    from orchard_gym.backends.docker import default_base_url
+    from orchard_gym.backends.engine import open_engine
 
-    client = docker.DockerClient(base_url=default_base_url(), timeout=10)
+    client, _ = open_engine(timeout=10)
     try:
         client.api.inspect_image(image)
     except docker.errors.ImageNotFound:

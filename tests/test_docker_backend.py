@@ -283,3 +283,32 @@ def test_unreachable_engine_and_routed_network_refused():
     with SandboxClient({"type": "docker", "network": "bridge"}) as client:  # a routed network
         with pytest.raises(BackendError, match="not internal"):
             client.create_sandbox(image=BUSYBOX)
+
+
+def test_the_engine_is_asked_its_version_once_per_process(monkeypatch):
+    """Podman answers GET /version by running dpkg-query once per component (8 processes): a
+    backend per episode made thousands. The answer is kept per engine address; each later
+    client speaks the API version it gave."""
+    import docker
+
+    from orchard_gym.backends import engine
+
+    asked = []
+    real = docker.api.client.APIClient.version
+
+    def counting(api, *args, **kwargs):
+        asked.append(api.base_url)
+        return real(api, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "_versions", {})
+    monkeypatch.setattr(docker.api.client.APIClient, "version", counting)
+    backends = [DockerBackendConfig().get_backend() for _ in range(3)]
+    try:
+        # the first client: docker-py's own negotiation, then our read of the whole answer
+        assert len(asked) == 2, asked
+        api_version = backends[0].client.version()["ApiVersion"]
+        assert {b.api._version for b in backends} == {api_version}
+        assert len({b.engine for b in backends}) == 1 and "?" not in backends[0].engine
+    finally:
+        for b in backends:
+            b.client.close()

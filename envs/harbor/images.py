@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
+from orchard_gym.backends.engine import open_engine
 from orchard_gym.errors import SandboxFailed
 
 from .compose import image_tag as compose_image_tag
@@ -71,7 +72,7 @@ def build_image(base_url: str, tag: str, context: Path | None, timeout: float, w
     when there is none (`given`: what named the image: nothing is pulled)."""
     import docker
 
-    client = docker.DockerClient(base_url=base_url, timeout=max(60, int(timeout)))
+    client, _ = open_engine(base_url, timeout=max(60, int(timeout)))
     try:
         try:
             client.images.get(tag)
@@ -116,7 +117,7 @@ def push_images(tasks: Iterable[HarborTask], registry: str, base_url: str, push:
 
     check_registry(registry)
     rows = []
-    client = docker.DockerClient(base_url=base_url, timeout=600)
+    client, _ = open_engine(base_url, timeout=600)
     try:
         for task in tasks:
             if task.dockerfile is None:
