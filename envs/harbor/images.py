@@ -16,7 +16,6 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchard_gym.backends.engine import open_engine
 from orchard_gym.errors import SandboxFailed
 
 from .compose import image_tag as compose_image_tag
@@ -72,6 +71,8 @@ def build_image(base_url: str, tag: str, context: Path | None, timeout: float, w
     when there is none (`given`: what named the image: nothing is pulled)."""
     import docker
 
+    from orchard_gym.backends.engine import open_engine  # here: listing tasks loads no backend
+
     client, _ = open_engine(base_url, timeout=max(60, int(timeout)))
     try:
         try:
@@ -114,6 +115,8 @@ def push_images(tasks: Iterable[HarborTask], registry: str, base_url: str, push:
     docker_image only, or "failed: WHY"). The engine's credentials for the registry are its own
     (`docker login`)."""
     import docker
+
+    from orchard_gym.backends.engine import open_engine
 
     check_registry(registry)
     rows = []
