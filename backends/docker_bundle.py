@@ -137,8 +137,10 @@ class SharedBundle:
         try:
             self.backend.api.inspect_container(container)
             return True
-        except derr.NotFound:
-            return False
+        except derr.APIError as e:  # 404, or Podman's 500 for one being removed right now
+            if container_lost(e):
+                return False
+            raise
 
     def _remove_stale(self, filler: str) -> None:
         """Remove another process's filler if that process is gone (it would never finish)."""
@@ -148,8 +150,10 @@ class SharedBundle:
 
         try:
             labels = (self.backend.api.inspect_container(filler).get("Config") or {}).get("Labels") or {}
-        except derr.NotFound:
-            return
+        except derr.APIError as e:  # gone (404, or Podman's 500 while it is being removed)
+            if container_lost(e):
+                return
+            raise
         creator = labels.get(self.backend.creator_label, "")
         if creator and creator != self.backend.identity and owner_gone(creator):
             try:

@@ -140,6 +140,8 @@ class Sidecars:
 
     def _address(self, sandbox_id: str, service: str, network: str) -> str:
         attrs = self.api.inspect_container(self.container_name(sandbox_id, service))
+        if (attrs.get("State") or {}).get("Status") != "running":  # exited already: it lost its address too
+            raise ServiceFailed(f"service {service!r} of sandbox {sandbox_id} is not running: {self._state(attrs)}")
         ip = (((attrs.get("NetworkSettings") or {}).get("Networks") or {}).get(network) or {}).get("IPAddress")
         if not ip:
             raise ServiceFailed(f"service {service!r} of sandbox {sandbox_id} has no address on {network}: "
