@@ -4,7 +4,7 @@
 # CI runs, via .ci/run). Tiers (docs/testing.md, tests/tiers.py):
 #   bash scripts/test.sh [pytest args...]          # the full suite
 #   bash scripts/test.sh --fast [pytest args...]   # the fast tier: unit and local-backend tests
-# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 2, the cores of the CI
+# The tests run in $ORCHARD_TEST_WORKERS pytest-xdist workers (default 3 on the 2-core CI
 # machine; see below); `-n 0` runs in-process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +36,10 @@ ruff check .   # the linter (config in pyproject.toml): a finding fails the run 
 mypy           # the type checker on the ground floor's core types (pyproject.toml [tool.mypy])
 # --dist loadgroup with the groups of tests/tiers.py: a module's tests stay in one worker, in order,
 # sharing its module fixtures; every test that drives Podman runs in one worker, one at a time.
-# Two workers by default: the tests mostly wait on subprocesses, sandboxes and containers. Each
+# Three workers by default on two cores: with two, the CPUs sat idle a quarter of the time (tests
+# wait on subprocesses, sandboxes and containers), and the Podman group alone fills one. Each
 # worker has its own TMPDIR (so its own default sandbox roots, tests/conftest.py), servers count as
 # up only when their own process listens on the port (tests/service_helpers.py), and local
 # sandboxes' cgroups are named by id and root: what failed beside another worker before.
 python -m pytest -q -p no:cacheprovider --continue-on-collection-errors --durations=25 \
-  -n "${ORCHARD_TEST_WORKERS:-2}" --dist loadgroup "$@"   # no exec: the trap must run after it
+  -n "${ORCHARD_TEST_WORKERS:-3}" --dist loadgroup "$@"   # no exec: the trap must run after it
