@@ -174,6 +174,14 @@ def test_memory_limit(client, backend_case):
         assert r.exit_code == 0 and r.stdout.strip() == "100000000"
 
 
+def test_commands_go_before_the_agent_when_memory_runs_out(sandbox):
+    # a command's oom_score_adj is 1000 (the agent's stays as it was): at the memory limit the
+    # kernel kills the command, not the agent that would report it (test_memory_limit's 64 MB
+    # sandbox lost its agent now and then). The sleep: the shell forks `cat` after the agent's write.
+    assert sandbox.exec("sleep 0.2; cat /proc/self/oom_score_adj").stdout == "1000\n"
+    assert sandbox.exec(["sh", "-c", "sleep 0.2; cat /proc/self/oom_score_adj"]).stdout == "1000\n"
+
+
 def test_delete_leaves_no_process(client, backend_case):
     box = client.create_sandbox(image=backend_case["image"])
     box.exec("sleep 321 >/dev/null 2>&1 &")

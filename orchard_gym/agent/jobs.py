@@ -299,6 +299,21 @@ def limits_hit(cwd: str, ooms_before: int) -> str | None:
     return "; ".join(said) or None
 
 
+def prefer_for_oom(pid: int | str) -> None:
+    """Make a command the OOM killer's first choice (oom_score_adj 1000; raising it needs no
+    privilege), so that a command exhausting a memory-limited sandbox is killed, not the agent
+    beside it (which then answered nothing: the sandbox looked dead). Set right after the spawn,
+    which vfork makes cheap: a child the command forked before that keeps 0. Best effort."""
+    try:
+        fd = os.open(f"/proc/{pid}/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, b"1000")
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
 def kill_job(proc: subprocess.Popen, marker: str) -> None:
     """Kill the command's cgroup (if any), process group and every process carrying its marker."""
     if JOB_CGROUPS is not None:
@@ -385,6 +400,7 @@ class Runner:
                     pass_fds=pass_fds,
                 )
                 _tracked_pids.add(proc.pid)
+            prefer_for_oom(proc.pid)
         except FileNotFoundError as e:
             raise BadRequest(f"executable not found: {e.filename}", 422)
         except PermissionError as e:

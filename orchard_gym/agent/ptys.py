@@ -32,7 +32,7 @@ import time
 
 import jobs
 from common import JOB_MARKER, BadRequest, _only_keys, _typed
-from jobs import _pidfd, _tracked_lock, _tracked_pids, kill_job
+from jobs import _pidfd, _tracked_lock, _tracked_pids, kill_job, prefer_for_oom
 
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL, "HUP": signal.SIGHUP,
            "QUIT": signal.SIGQUIT}
@@ -94,6 +94,7 @@ def spawn(init: dict) -> tuple[subprocess.Popen, str, int]:
                 if hook is not None:
                     hook()
                 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+                prefer_for_oom("self")
 
             proc = subprocess.Popen(argv, cwd=init["cwd"], env=env, stdin=slave, stdout=slave, stderr=slave,
                                     start_new_session=True, preexec_fn=child_setup, pass_fds=pass_fds)
