@@ -39,14 +39,25 @@ fi
 python=${PYTHON:-python3}
 [[ -x .venv/bin/python ]] || "$python" -m venv .venv
 rm -f "$stamp_file"
-.venv/bin/python -m pip install -q --upgrade pip
-if [[ ",$extras," == *",train,"* ]]; then
-  .venv/bin/python -m pip install -q "$TORCH"
-fi
 spec="."
 [[ -n $extras ]] && spec=".[$extras]"
-echo "[install] pip install -e '$spec' into .venv"
-.venv/bin/python -m pip install -q -e "$spec"
-.venv/bin/python -m pip install -q --no-deps "$SWEBENCH"
+torch=()
+[[ ",$extras," == *",train,"* ]] && torch=("$TORCH")
+# uv installs what pip would (pip's indexes, find-links and constraints: scripts/uv_pip_args.py) in
+# a fraction of the time (a fresh clone's .venv with every extra: 14 s against pip's 66 s, the same
+# versions); pip does it where uv cannot be had or fails.
+if .venv/bin/python -m pip install -q uv 2>/dev/null &&
+   mapfile -t uv_args < <("$python" scripts/uv_pip_args.py .venv/bin/python) && ((${#uv_args[@]})) &&
+   echo "[install] uv pip install -e '$spec' into .venv" &&
+   .venv/bin/uv pip install -q --python .venv/bin/python "${uv_args[@]}" "${torch[@]}" -e "$spec" &&
+   .venv/bin/uv pip install -q --python .venv/bin/python "${uv_args[@]}" --no-deps "$SWEBENCH"; then
+  :
+else
+  echo "[install] uv could not install; pip install -e '$spec' into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip
+  ((${#torch[@]})) && .venv/bin/python -m pip install -q "${torch[@]}"
+  .venv/bin/python -m pip install -q -e "$spec"
+  .venv/bin/python -m pip install -q --no-deps "$SWEBENCH"
+fi
 echo "$stamp" >"$stamp_file"
 echo "[install] done: .venv/bin/orchard --help"

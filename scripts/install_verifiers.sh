@@ -2,7 +2,7 @@
 # .venv-verifiers: orchard-gym (editable, this checkout) with the extras [verifiers,docker,gui] in a venv of
 # its own. verifiers 0.4 pins mcp==2.0.0 (imported by `verifiers.v1`), OpenEnv 0.10 needs mcp<2,
 # so they cannot share .venv (docs/integrations.md). Idempotent: a venv installed from this very
-# pyproject.toml and script is kept (a second run takes a second). The first run takes ~1 min
+# pyproject.toml and script is kept (a second run takes a second). The first run takes ~15 s (uv)
 # and ~600 MB; it also warms uv's cache with verifiers' chat program's packages (its null
 # harness runs that program through `uv`), so episodes start without a download.
 #   bash scripts/install_verifiers.sh
@@ -16,15 +16,25 @@ if [[ -x $venv/bin/vf-eval && -f $stamp_file && $(<"$stamp_file") == "$stamp" ]]
   echo "[verifiers] $venv is current: nothing to install"
   exit 0
 fi
-echo "[verifiers] pip install -e '.[verifiers,docker,gui]' into $venv (about a minute the first time)"
+echo "[verifiers] install -e '.[verifiers,docker,gui]' into $venv (uv: seconds; pip: about a minute)"
 python=${PYTHON:-python3}
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 rm -f "$stamp_file"
-$venv/bin/python -m pip install -q --upgrade pip
-# docker: GUI-v0 (and any env) on the docker backend; gui: MiniWoB's pages for GUI-v0's task list
-$venv/bin/python -m pip install -q -e '.[verifiers,docker,gui]'
-# SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there)
-$venv/bin/python -m pip install -q --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
+# docker: GUI-v0 (and any env) on the docker backend; gui: MiniWoB's pages for GUI-v0's task list;
+# SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there). With uv
+# where it can (as scripts/install.sh: pip's configuration, a fraction of the time), else pip.
+swebench=$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)
+if $venv/bin/python -m pip install -q uv 2>/dev/null &&
+   mapfile -t uv_args < <("$python" scripts/uv_pip_args.py $venv/bin/python) && ((${#uv_args[@]})) &&
+   $venv/bin/uv pip install -q --python $venv/bin/python "${uv_args[@]}" -e '.[verifiers,docker,gui]' &&
+   $venv/bin/uv pip install -q --python $venv/bin/python "${uv_args[@]}" --no-deps "$swebench"; then
+  :
+else
+  echo "[verifiers] uv could not install; pip instead"
+  $venv/bin/python -m pip install -q --upgrade pip
+  $venv/bin/python -m pip install -q -e '.[verifiers,docker,gui]'
+  $venv/bin/python -m pip install -q --no-deps "$swebench"
+fi
 script=$(mktemp -d)/chat.py
 $venv/bin/python -c "from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE as s; print(s, end='')" >"$script"
 PATH="$PWD/$venv/bin:$PATH" uv sync --script "$script" -q --no-config
