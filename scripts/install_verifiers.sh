@@ -2,7 +2,7 @@
 # .venv-verifiers: orchard-gym (editable, this checkout) with the extras [verifiers,docker,gui] in a venv of
 # its own. verifiers 0.4 pins mcp==2.0.0 (imported by `verifiers.v1`), OpenEnv 0.10 needs mcp<2,
 # so they cannot share .venv (docs/integrations.md). Idempotent: a venv installed from this very
-# pyproject.toml and script is kept (a second run takes a second). The first run takes ~15 s (uv)
+# pyproject.toml and script is kept (a second run takes a second). The first run takes ~20 s (uv)
 # and ~600 MB; it also warms uv's cache with verifiers' chat program's packages (its null
 # harness runs that program through `uv`), so episodes start without a download.
 #   bash scripts/install_verifiers.sh
@@ -26,8 +26,8 @@ rm -f "$stamp_file"
 swebench=$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)
 if $venv/bin/python -m pip install -q uv 2>/dev/null &&
    mapfile -t uv_args < <("$python" scripts/uv_pip_args.py $venv/bin/python) && ((${#uv_args[@]})) &&
-   $venv/bin/uv pip install -q --python $venv/bin/python "${uv_args[@]}" -e '.[verifiers,docker,gui]' &&
-   $venv/bin/uv pip install -q --python $venv/bin/python "${uv_args[@]}" --no-deps "$swebench"; then
+   $venv/bin/uv pip install -q --compile-bytecode --python $venv/bin/python "${uv_args[@]}" -e '.[verifiers,docker,gui]' &&
+   $venv/bin/uv pip install -q --compile-bytecode --python $venv/bin/python "${uv_args[@]}" --no-deps "$swebench"; then
   :
 else
   echo "[verifiers] uv could not install; pip instead"
