@@ -32,6 +32,11 @@ export PATH="$PWD/.venv/bin:$PATH"
 # only the variant limits in docs/testing.md may skip. A module that cannot even be
 # imported is an error, and the rest of the suite still runs.
 export ORCHARD_REQUIRE=all
+# Bytecode caches on for the run: many container images set PYTHONDONTWRITEBYTECODE=1, and
+# then every Python process the suite starts (workers, CLI runs, examples: hundreds) compiled
+# the project's modules again, and pytest rewrote every test module's asserts again in each
+# worker (collection: 15 CPU-s a worker without the caches, 11 with them, on this machine).
+unset PYTHONDONTWRITEBYTECODE
 ruff check .   # the linter (config in pyproject.toml): a finding fails the run before the tests start
 mypy           # the type checker on the ground floor's core types (pyproject.toml [tool.mypy])
 # --dist loadgroup with the groups of tests/tiers.py: a module's tests stay in one worker, in order,
