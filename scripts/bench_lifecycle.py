@@ -101,7 +101,12 @@ def leaked(ids: list[str], root: Path | None) -> dict:
     time.sleep(0.5)  # let the last kills land
     wanted = {f"ORCHARD_SANDBOX={i}".encode() for i in ids}
     procs = [p for p in marked_pids("ORCHARD_SANDBOX=") if _marker(p) in wanted]
-    folders = [p.name for p in root.iterdir() if p.is_dir()] if root is not None and root.exists() else []
+    folders = []
+    if root is not None and root.exists():
+        # sandbox folders, and deleted ones still in the trash; not the backend's own dot-entries
+        folders = [p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]
+        trash = root / ".trash"
+        folders += [f".trash/{p.name}" for p in trash.iterdir()] if trash.is_dir() else []
     return {"processes": len(procs), "folders": len(folders)}
 
 
