@@ -285,6 +285,21 @@ DOCKER_IMAGES = {"busybox": "localhost/orchard/busybox:latest", "bookworm": "loc
 INJECTOR_IMAGE = os.environ.get("ORCHARD_INJECTOR_IMAGE") or "localhost/orchard/agent-injector:latest"
 
 
+def remove_prefix_volumes(prefix: str) -> list[str]:
+    """Remove the volumes (the agent bundle's) of a docker backend with a label prefix of a test's
+    own: no later backend uses that prefix, so none would reuse or sweep them (they piled up, one
+    41 MB bundle per run). Returns the names of that prefix's volumes still there afterwards."""
+    from orchard_gym.backends.engine import open_engine
+
+    client, _ = open_engine(timeout=30)
+    try:
+        for volume in client.api.volumes(filters={"label": f"{prefix}.role"}).get("Volumes") or []:
+            client.api.remove_volume(volume["Name"], force=True)
+        return [v["Name"] for v in client.api.volumes(filters={"label": f"{prefix}.role"}).get("Volumes") or []]
+    finally:
+        client.close()
+
+
 @functools.cache
 def docker_engine() -> tuple[str | None, str]:
     """(gateway of the engine's default network, "") when the engine (Podman in CI) and the

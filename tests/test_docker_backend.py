@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine, needs, wait_until
+from conftest import DOCKER_IMAGES, docker_engine, needs, remove_prefix_volumes, wait_until
 from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient
 from orchard_gym.backends.config import DockerBackendConfig, parse_backend_config
 from orchard_gym.errors import BackendError, OrchardError
@@ -213,6 +213,7 @@ def test_sweep_removes_only_dead_owners():
         assert not leftovers(alive.backend, orphan.sandbox_id)
         assert kept.exec("echo alive").stdout == "alive\n"
         foreign.delete()
+    assert remove_prefix_volumes(config["label_prefix"]) == []
 
 
 def test_named_owner_outlives_its_creator_and_is_shared():

@@ -11,7 +11,7 @@ import uuid
 import pytest
 from service_helpers import Orchestrator, RedisServer, remove_all_sandboxes, short_root
 
-from conftest import docker_engine, marked_pids, needs, require, require_module, wait_until
+from conftest import docker_engine, marked_pids, needs, remove_prefix_volumes, require, require_module, wait_until
 
 require_module("redis", "redis")
 require("redis", None if shutil.which("redis-server") else "redis-server is not installed (bash scripts/setup_system.sh)")
@@ -49,6 +49,7 @@ def replicas(request, redis_server, tmp_path_factory):
     b.stop()
     if request.param == "docker":
         remove_docker_sandboxes(over["backend_config"]["label_prefix"])
+        assert remove_prefix_volumes(over["backend_config"]["label_prefix"]) == []
     remove_all_sandboxes(root)
     shutil.rmtree(root, ignore_errors=True)
 
