@@ -73,8 +73,10 @@ def _result_interruptibly(future: concurrent.futures.Future, timeout: float | No
         try:
             return future.result(wait)
         except TimeoutError:
-            if future.done() or (deadline is not None and time.monotonic() >= deadline):
-                raise  # the coroutine's own TimeoutError, or the caller's timeout is up
+            if future.done():  # its own TimeoutError, or it finished just after this wait gave up
+                return future.result()
+            if deadline is not None and time.monotonic() >= deadline:
+                raise  # the caller's timeout is up
 
 
 async def run_in_thread(fn, *args):

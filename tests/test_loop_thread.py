@@ -105,3 +105,22 @@ def test_a_timeout_of_the_caller_and_the_coroutines_own_timeouterror_stay_apart(
     with pytest.raises(TimeoutError):
         loop.run(asyncio.sleep(5), timeout=0.5)
     assert time.monotonic() - started < 4  # the caller's timeout, not the sleep's end
+
+
+def test_a_result_that_lands_just_after_a_wait_gave_up_is_returned():
+    """The main thread waits in 0.2 s slices (to run signal handlers); a call that finished right
+    after a slice timed out was reported as that slice's TimeoutError (a GUI reset failed so in a
+    CI run). The future here completes exactly in that window."""
+    import concurrent.futures
+
+    from orchard_gym._loop import _result_interruptibly
+
+    class LateFuture(concurrent.futures.Future):
+        def result(self, timeout=None):
+            if timeout is not None and not self.done():
+                self.set_result("the call's result")  # done now, but this wait already timed out
+                raise concurrent.futures.TimeoutError()
+            return super().result(timeout)
+
+    assert _result_interruptibly(LateFuture(), None) == "the call's result"
+    assert _result_interruptibly(LateFuture(), 5.0) == "the call's result"
