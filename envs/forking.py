@@ -210,6 +210,14 @@ def setup_snapshot_kwargs(env: SandboxEnv, task_id: str) -> dict:
     return {"from_snapshot": snap.snapshot_id}
 
 
+def kept_setup(env: SandboxEnv, task_id: str) -> EnvSnapshot | None:
+    """The set-up snapshot the env keeps for `task_id` (None without `snapshot_setup`, or before the
+    task's first set-up): the task's state before any action, for a sandbox that must start there
+    (SWE grading: a fork of it instead of a new sandbox set up again)."""
+    snap = env.snapshots.setup.get(task_id) if env.snapshot_setup else None
+    return snap if snap is not None and not snap.deleted else None
+
+
 async def setup_or_resume(env: SandboxEnv, task_id: str) -> ToolContext:
     """The tool context of a fresh episode: `resume` on a restored set-up, else `setup` (and snapshot it)."""
     book = env.snapshots

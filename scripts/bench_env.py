@@ -11,7 +11,9 @@ tree with `git status`/`git diff`; the baseline is the same command through the 
 Grading: episodes that apply the gold patch and submit, grading alternately in a fresh
 sandbox (the default: a new sandbox, the repository, the diff, the tests), in place
 (`grade_in_place=True`: the tests in the policy's sandbox) and in a fresh sandbox with the
-tamper defence off (`tamper_check=False`: no static scan, no verdict run), so all see the same
+tamper defence off (`tamper_check=False`: no static scan, no verdict run), and in fresh sandboxes
+forked from the task's set-up snapshot (`snapshot_setup=True`: the reset snapshots the set-up, the
+grading and verdict sandboxes start from it instead of being set up again), so all see the same
 load; the time of the submit step is the grading cost, set against the whole episode.
 `--grading-only --task ID` measures only those, on any built-in task.
 
@@ -57,6 +59,7 @@ GRADINGS = [  # label, SWEEnv kwargs: alternated within one run, so every varian
     ("grading in place", {"grade_in_place": True}),
     ("grading in a fresh sandbox", {}),
     ("fresh sandbox, tamper defence off", {"tamper_check": False}),
+    ("fresh sandbox forked from the set-up", {"snapshot_setup": True}),  # the reset snapshots the set-up
 ]
 
 

@@ -201,11 +201,16 @@ def test_in_place_grading_trusts_the_policys_processes(local_root):
 
 @pytest.mark.docker
 @needs("swe-images", swe_images_missing())
-def test_edited_venv_scores_zero_docker():
-    """A container's venv is writable by the policy; the grading container starts from the image."""
-    out = asyncio.run(episode({"type": "docker"}, SEMVER, venv_attack(TASKS[SEMVER])))
+@pytest.mark.parametrize("snapshot_setup", [False, True], ids=["set-up-afresh", "set-up-snapshot"])
+def test_edited_venv_scores_zero_docker(snapshot_setup):
+    """A container's venv is writable by the policy; the grading container starts from the image, or
+    with `snapshot_setup` from the set-up snapshot taken before the policy's first action (a fork of
+    the policy's own container would keep the edited venv and pay)."""
+    out = asyncio.run(episode({"type": "docker"}, SEMVER, venv_attack(TASKS[SEMVER]), snapshot_setup=snapshot_setup))
     assert out.fooled_old_grader is True
     assert_graded_zero(out)
+    assert out.report["grading_sandbox"].startswith("forked from the set-up snapshot" if snapshot_setup
+                                                    else "set up afresh"), out.report["grading_sandbox"]
 
 
 # ------------------------------------------------------------------ a real fix still counts
@@ -512,11 +517,15 @@ def test_tampering_from_the_code_under_test_scores_zero(local_root, backend, att
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_gold_patch_passes_the_tamper_defence(local_root, backend):
+@pytest.mark.parametrize("snapshot_setup", [False, True], ids=["set-up-afresh", "set-up-snapshot"])
+def test_gold_patch_passes_the_tamper_defence(local_root, backend, snapshot_setup):
     task = TASKS[SEMVER]
     gold = f"git apply <<'ORCHARD_EOF'\n{task.patch}\nORCHARD_EOF"
-    out = asyncio.run(episode(config_for(backend, local_root), SEMVER, [gold], prove=False))
+    out = asyncio.run(episode(config_for(backend, local_root), SEMVER, [gold], prove=False,
+                              snapshot_setup=snapshot_setup))
     assert out.reward == 1.0 and out.report["tampering"] == [], out.report
+    assert out.report["grading_sandbox"].startswith("forked from the set-up snapshot" if snapshot_setup
+                                                    else "set up afresh"), out.report["grading_sandbox"]
     verdicts = out.report["verdicts"]
     assert verdicts["status"] == "RESOLVED_FULL" and verdicts["tests"] == 2 and verdicts["undumpable"], verdicts
     assert out.live_sandboxes == {out.policy_sandbox}

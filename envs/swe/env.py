@@ -45,6 +45,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import shlex
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
@@ -56,6 +57,7 @@ from orchard_gym.client import AsyncSandboxInstance
 from orchard_gym.errors import OrchardError
 from orchard_gym.ledger import charge_sandbox
 
+from .. import forking
 from ..base import INFRA_ERRORS, SandboxEnv
 from ..editor import EditorTool
 from ..tools import BashTool, SubmitTool, Tool, ToolContext
@@ -67,6 +69,8 @@ from .tamper_scan import exempt, scan
 from .tasks import SWETask, load_tasks
 from .venvs import ensure_venv
 from .verdicts import VerdictRunError, compare, verdict_exec
+
+log = logging.getLogger(__name__)
 
 IMAGE_VENV = "/opt/venv"
 MAX_REPORTED_PATCH = 1_000_000  # characters of the submitted patch kept in the report
@@ -234,6 +238,9 @@ class SWEEnv(SandboxEnv):
         except (OrchardError, RuntimeError, ValueError, ImportError) as e:  # ValueError: no test command
             return 0.0, self._broken(report, f"the grading sandbox failed: {type(e).__name__}: {e}", TestRun())
         report["dropped"] = run.dropped
+        if not self.grade_in_place:
+            report["grading_sandbox"] = f"forked from the set-up snapshot {run.sandbox_from}" if run.sandbox_from \
+                else "set up afresh"
         if self.tamper_check:
             report["tampering"] = run.tampering
         if not run.applied:
@@ -312,19 +319,38 @@ class SWEEnv(SandboxEnv):
 
     @contextlib.asynccontextmanager
     async def _fresh_sandbox(self, task: SWETask):
-        """A new sandbox of `task` at its base state, deleted on the way out whatever happens."""
+        """(tool context, the snapshot it was forked from or None) of a new sandbox of `task` at its
+        base state, deleted on the way out whatever happens. With `snapshot_setup`, a fork of the
+        task's set-up snapshot (taken before the policy's first action, kept by the backend where no
+        sandbox can write), which skips the set-up; should the fork fail, a sandbox set up afresh."""
         client = await self.get_client()
-        box = await client.create_sandbox(**self.sandbox_spec(task))
+        setup = forking.kept_setup(self, self.trajectory.task_id) if self.trajectory is not None else None
+        box = None
+        if setup is not None:
+            setup.hold()
+            try:
+                box = await client.create_sandbox(**self.sandbox_spec(task), from_snapshot=setup.snapshot_id)
+            except OrchardError as e:
+                log.warning("grading from the set-up snapshot %s failed (%s); setting a sandbox up afresh",
+                            setup.snapshot_id, e)
+        forked = box is not None
+        if box is None:
+            box = await client.create_sandbox(**self.sandbox_spec(task))
         try:
-            yield await self.setup(box, task)
+            ctx = await (self.resume(box, task, setup.ctx) if forked else self.setup(box, task))
+            yield ctx, (setup.snapshot_id if forked else None)
         finally:
             with contextlib.suppress(OrchardError):
                 await asyncio.shield(box.delete())
             charge_sandbox(self.trajectory, box)  # the grader's sandbox is the episode's cost too
+            if setup is not None:  # after the delete: the fork may stand on the snapshot's layer
+                await setup.release()
 
     async def _run_fresh(self, task: SWETask, patch: bytes, **kwargs: Any) -> TestRun:
-        async with self._fresh_sandbox(task) as gctx:
-            return await self._test(gctx, task, patch, **kwargs)
+        async with self._fresh_sandbox(task) as (gctx, snapshot_id):
+            run = await self._test(gctx, task, patch, **kwargs)
+            run.sandbox_from = snapshot_id
+            return run
 
     async def _reference(self, task: SWETask) -> dict:
         """Run the gold patch in a fresh sandbox: do its test results name the task's tests?"""

@@ -41,6 +41,7 @@ class TestRun:
     timed_out: bool = False
     verdicts: dict | None = None  # the verdict run's result (verdicts.py), when this was one
     tampering: list[dict] = field(default_factory=list)  # static findings in the submission (tamper_scan.py)
+    sandbox_from: str | None = None  # a fresh sandbox's start: the snapshot it was forked from; None: set up anew
 
     @property
     def tail(self) -> str:
