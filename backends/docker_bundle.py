@@ -14,6 +14,9 @@ Filling it once, safely under concurrent creates:
 - the filler copies, then writes the marker `.orchard-bundle-complete` last; a volume
   without it (a filler that crashed) is wiped and copied again. No sandbox ever mounts a
   volume before its marker exists, so the wipe never pulls a bundle from under one.
+- a backend that finds the volume already there reads the marker on the host when the
+  engine listens on a local socket (its volumes are this machine's folders): no filler
+  container starts then. Elsewhere, or with no marker, the filler decides as above.
 
 Old versions: `sweep()` removes bundle volumes whose injector image no longer exists on the
 engine (build_injector_image.sh removes the previous build) and no container uses (the engine
@@ -23,6 +26,7 @@ refuses to remove a volume in use). The current version is never removed by swee
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -78,9 +82,29 @@ class SharedBundle:
                 self._ready.pop(name, None)
         with self._lock:
             if name not in self._ready:
-                self._fill(name, injector_info["Id"])
+                if not self._filled_seen_from_host(name):
+                    self._fill(name, injector_info["Id"])
                 self._ready[name] = time.monotonic()
         return name
+
+    def _filled_seen_from_host(self, name: str) -> bool:
+        """Whether the volume holds the marker, read on this machine's file system: an engine on a
+        local socket keeps its volumes on this host, where a root process reads them, so no filler
+        container needs to start just to find a volume already filled (one per backend made: a
+        container create, start, wait and remove each). False where it cannot tell (a remote engine,
+        a rootless one's volumes elsewhere, no marker): then the filler decides, as before."""
+        from docker import errors as derr
+
+        if not self.backend.base_url.startswith(("unix://", "/")):
+            return False
+        try:
+            mountpoint = self.backend.api.inspect_volume(name).get("Mountpoint") or ""
+        except derr.APIError:
+            return False
+        try:
+            return bool(mountpoint) and os.path.isfile(os.path.join(mountpoint, MARKER))
+        except OSError:
+            return False
 
     def _labels(self, image_id: str) -> dict:
         b = self.backend

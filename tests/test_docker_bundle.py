@@ -5,6 +5,7 @@ to change the bundle another one runs."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 
@@ -91,6 +92,36 @@ def test_concurrent_creates_fill_once_and_crashed_fill_is_redone():
             with client.create_sandbox(image=BUSYBOX) as box:
                 r = box.exec(f"test ! -e /opt/orchard-agent/lib/junk && test -f /opt/orchard-agent/{MARKER} && echo ok")
                 assert r.stdout == "ok\n", r
+    finally:
+        for v in api.volumes(filters={"label": [f"{prefix}.role=bundle"]})["Volumes"] or []:
+            api.remove_volume(v["Name"], force=True)
+        for b in backends:
+            b.client.close()
+
+
+def test_a_filled_volume_is_found_on_the_host_without_a_filler_container():
+    """Each backend made (each client, each process) found the filled volume by starting a filler
+    container that saw the marker and exited; on a local engine the marker is read on the host.
+    A volume without the marker (a filler that crashed) is still filled."""
+    from orchard_gym.backends.config import DockerBackendConfig
+    from orchard_gym.backends.docker import DockerBackend
+    from orchard_gym.backends.docker_bundle import MARKER
+
+    prefix = f"ogt-{uuid.uuid4().hex[:8]}"
+    backends = [DockerBackend(DockerBackendConfig(label_prefix=prefix)) for _ in range(3)]
+    api = backends[0].api
+    info = api.inspect_image(INJECTOR_IMAGE)
+    fills: list[int] = []
+    for i, backend in enumerate(backends):
+        fill = backend.bundle._fill
+        backend.bundle._fill = lambda *a, i=i, fill=fill: (fills.append(i), fill(*a))
+    try:
+        name = backends[0].bundle.ensure(info)
+        assert fills == [0]
+        assert backends[1].bundle.ensure(info) == name and fills == [0]  # read on the host: no filler
+        os.remove(os.path.join(api.inspect_volume(name)["Mountpoint"], MARKER))  # as a crashed filler leaves it
+        assert backends[2].bundle.ensure(info) == name and fills == [0, 2]
+        assert os.path.isfile(os.path.join(api.inspect_volume(name)["Mountpoint"], MARKER))
     finally:
         for v in api.volumes(filters={"label": [f"{prefix}.role=bundle"]})["Volumes"] or []:
             api.remove_volume(v["Name"], force=True)
