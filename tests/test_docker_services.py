@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, docker_engine, needs
+from conftest import DOCKER_IMAGES, docker_engine, needs, wait_until
 from orchard_gym import ImageNotFound, InvalidRequest, SandboxClient
 from orchard_gym.errors import BackendError
 
@@ -52,8 +52,11 @@ def test_services_are_reached_by_name_and_go_with_the_sandbox(client):
         assert box.record.details["services"] == ["relay", "web"]
         assert box.exec("wget -q -O- http://web:8000/").stdout == "from-web\n"
         name = f"{backend.config.label_prefix}-{sid}-relay"
-        got = backend.api.exec_create(name, ["cat", "/tmp/got"])
-        assert backend.api.exec_start(got["Id"]) == b"from-web\n"
+
+        def relayed() -> bytes:  # the relay's wget may still be writing when the sandbox is up
+            return backend.api.exec_start(backend.api.exec_create(name, ["cat", "/tmp/got"])["Id"])
+
+        assert wait_until(lambda: relayed() == b"from-web\n", 30), relayed()
         assert len(leftovers(backend, sid)) == 4  # two services, the sandbox, its network
     finally:
         box.delete()
