@@ -3,6 +3,7 @@
 
     python scripts/bench_env.py [-n 200] [--resets 20] [--gradings 3] [--backend local|docker] [--pool N]
     python scripts/bench_env.py --grading-only --gradings 5 [--task marshmallow-3.21.1] [--backend docker]
+    python scripts/bench_env.py --grading-only --gradings 5 --grading-pool 2    # local: + set-up forks from a warm pool
 
 A step parses the action, runs the bash tool and (by default) fingerprints the working
 tree with `git status`/`git diff`; the baseline is the same command through the SDK
@@ -63,12 +64,19 @@ GRADINGS = [  # label, SWEEnv kwargs: alternated within one run, so every varian
 ]
 
 
-async def grading_costs(client, n: int, task_id: str = TASK) -> list[tuple[str, list[float], list[float]]]:
-    """(label, submit-step seconds, episode seconds) per variant of GRADINGS."""
-    samples = {label: ([], []) for label, _ in GRADINGS}
-    for i in range(len(GRADINGS) * n):
-        label, kwargs = GRADINGS[i % len(GRADINGS)]
-        env = SWEEnv(client=client, **kwargs)
+async def grading_costs(client, n: int, task_id: str = TASK, pooled=None,
+                        pool_size: int = 0) -> list[tuple[str, list[float], list[float]]]:
+    """(label, submit-step seconds, episode seconds) per variant of GRADINGS; with `pooled` (a client
+    with a warm pool of the task's sandboxes) one more: forks of the set-up from that pool."""
+    variants = GRADINGS + ([(f"forked from the set-up, warm pool of {pool_size}", {"snapshot_setup": True})]
+                           if pooled is not None else [])
+    samples = {label: ([], []) for label, _ in variants}
+    for i in range(len(variants) * n):
+        label, kwargs = variants[i % len(variants)]
+        on = pooled if pooled is not None and i % len(variants) == len(GRADINGS) else client
+        if on is pooled:
+            await pooled.wait_pools(120)  # a full pool, as a trainer's episodes leave it time to refill
+        env = SWEEnv(client=on, **kwargs)
         started = time.perf_counter()
         await env.areset(options={"task_id": task_id})
         await env.astep({"name": "bash", "arguments": {"command": f"git apply <<'EOF'\n{env.task.patch}\nEOF"}})
@@ -79,7 +87,7 @@ async def grading_costs(client, n: int, task_id: str = TASK) -> list[tuple[str, 
         await env.aclose()
         if reward != 1.0 or info["report"].get("tampering"):
             raise SystemExit(f"the gold patch graded {reward} ({label}): {info['report'].get('tampering')}")
-    return [(label, *samples[label]) for label, _ in GRADINGS]
+    return [(label, *samples[label]) for label, _ in variants]
 
 
 def make_env(name: str, client):
@@ -159,7 +167,12 @@ async def main(args) -> None:
     rows = []
     if args.grading_only:
         async with AsyncSandboxClient(config) as client:
-            print_gradings(await grading_costs(client, args.gradings, args.task), args.task)
+            if not args.grading_pool:
+                print_gradings(await grading_costs(client, args.gradings, args.task), args.task)
+                return
+            async with AsyncSandboxClient(config, pool={None: args.grading_pool}) as pooled:
+                print_gradings(await grading_costs(client, args.gradings, args.task, pooled, args.grading_pool),
+                               args.task)
         return
     async with AsyncSandboxClient(config) as client:
         for fingerprint in (False, True):
@@ -226,4 +239,6 @@ if __name__ == "__main__":
     p.add_argument("--pool-only", action="store_true", help="with --pool: only the cold/warm comparison")
     p.add_argument("--grading-only", action="store_true", help="only the grading variants (--gradings each)")
     p.add_argument("--task", default=TASK, help="the built-in task whose gold patch the gradings submit")
+    p.add_argument("--grading-pool", type=int, default=0,
+                   help="local: also grade in set-up forks served by a warm pool of this many sandboxes")
     asyncio.run(main(p.parse_args()))
