@@ -43,23 +43,9 @@ spec="."
 [[ -n $extras ]] && spec=".[$extras]"
 torch=()
 [[ ",$extras," == *",train,"* ]] && torch=("$TORCH")
-# uv installs what pip would (pip's indexes, find-links and constraints: scripts/uv_pip_args.py) in
-# half the time (a fresh clone's .venv with every extra: 30 s against pip's 66 s, the same
-# versions). --compile-bytecode as pip does: sandboxes see the venv read-only and cannot write
-# .pyc files, so without them every Python process in one compiles what it imports.
-# pip does it where uv cannot be had or fails.
-if .venv/bin/python -m pip install -q uv 2>/dev/null &&
-   mapfile -t uv_args < <("$python" scripts/uv_pip_args.py .venv/bin/python) && ((${#uv_args[@]})) &&
-   echo "[install] uv pip install -e '$spec' into .venv" &&
-   .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${uv_args[@]}" "${torch[@]}" -e "$spec" &&
-   .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python "${uv_args[@]}" --no-deps "$SWEBENCH"; then
-  :
-else
-  echo "[install] uv could not install; pip install -e '$spec' into .venv"
-  .venv/bin/python -m pip install -q --upgrade pip
-  ((${#torch[@]})) && .venv/bin/python -m pip install -q "${torch[@]}"
-  .venv/bin/python -m pip install -q -e "$spec"
-  .venv/bin/python -m pip install -q --no-deps "$SWEBENCH"
-fi
+source scripts/venv_install.sh   # uv with pip's configuration where it can, else pip
+echo "[install] install -e '$spec' into .venv"
+venv_install .venv "${torch[@]}" -e "$spec"
+venv_install .venv --no-deps "$SWEBENCH"
 echo "$stamp" >"$stamp_file"
 echo "[install] done: .venv/bin/orchard --help"

@@ -21,20 +21,10 @@ python=${PYTHON:-python3}
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 rm -f "$stamp_file"
 # docker: GUI-v0 (and any env) on the docker backend; gui: MiniWoB's pages for GUI-v0's task list;
-# SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there). With uv
-# where it can (as scripts/install.sh: pip's configuration, a fraction of the time), else pip.
-swebench=$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)
-if $venv/bin/python -m pip install -q uv 2>/dev/null &&
-   mapfile -t uv_args < <("$python" scripts/uv_pip_args.py $venv/bin/python) && ((${#uv_args[@]})) &&
-   $venv/bin/uv pip install -q --compile-bytecode --python $venv/bin/python "${uv_args[@]}" -e '.[verifiers,docker,gui]' &&
-   $venv/bin/uv pip install -q --compile-bytecode --python $venv/bin/python "${uv_args[@]}" --no-deps "$swebench"; then
-  :
-else
-  echo "[verifiers] uv could not install; pip instead"
-  $venv/bin/python -m pip install -q --upgrade pip
-  $venv/bin/python -m pip install -q -e '.[verifiers,docker,gui]'
-  $venv/bin/python -m pip install -q --no-deps "$swebench"
-fi
+# SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there).
+source scripts/venv_install.sh
+venv_install "$venv" -e '.[verifiers,docker,gui]'
+venv_install "$venv" --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
 script=$(mktemp -d)/chat.py
 $venv/bin/python -c "from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE as s; print(s, end='')" >"$script"
 PATH="$PWD/$venv/bin:$PATH" uv sync --script "$script" -q --no-config
