@@ -177,9 +177,11 @@ def test_memory_limit(client, backend_case):
 def test_commands_go_before_the_agent_when_memory_runs_out(sandbox):
     # a command's oom_score_adj is 1000 (the agent's stays as it was): at the memory limit the
     # kernel kills the command, not the agent that would report it (test_memory_limit's 64 MB
-    # sandbox lost its agent now and then). The sleep: the shell forks `cat` after the agent's write.
-    assert sandbox.exec("sleep 0.2; cat /proc/self/oom_score_adj").stdout == "1000\n"
-    assert sandbox.exec(["sh", "-c", "sleep 0.2; cat /proc/self/oom_score_adj"]).stdout == "1000\n"
+    # sandbox lost its agent now and then). The agent writes right after the spawn: the shell waits
+    # for its own value to be set (the exec's timeout fails the test if it never is), then forks `cat`.
+    wait = "until [ \"$(cat /proc/$$/oom_score_adj)\" = 1000 ]; do sleep 0.01; done; cat /proc/self/oom_score_adj"
+    assert sandbox.exec(wait, timeout=20).stdout == "1000\n"
+    assert sandbox.exec(["sh", "-c", wait], timeout=20).stdout == "1000\n"
 
 
 def test_delete_leaves_no_process(client, backend_case):
