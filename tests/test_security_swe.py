@@ -111,6 +111,7 @@ class Outcome:
     trajectory: Trajectory
     live_sandboxes: set[str]  # of those the episode made, still there after grading
     policy_sandbox: str
+    created: list[str]  # every sandbox the episode made, grading ones included
 
 
 async def grade_in_policy_sandbox(env: SWEEnv, task) -> bool:
@@ -150,7 +151,7 @@ async def episode(config: dict, task_id: str, commands: list[str], *, prove: boo
             live = {r.sandbox_id for r in await client.list_sandboxes()} & set(created)
         finally:
             await env.aclose()
-        return Outcome(fooled, reward, info.get("report", {}), info, env.trajectory, live, policy)
+        return Outcome(fooled, reward, info.get("report", {}), info, env.trajectory, live, policy, created)
 
 
 def dropped_paths(report: dict) -> set[str]:
@@ -528,7 +529,25 @@ def test_gold_patch_passes_the_tamper_defence(local_root, backend, snapshot_setu
                                                     else "set up afresh"), out.report["grading_sandbox"]
     verdicts = out.report["verdicts"]
     assert verdicts["status"] == "RESOLVED_FULL" and verdicts["tests"] == 2 and verdicts["undumpable"], verdicts
-    assert out.live_sandboxes == {out.policy_sandbox}
+    assert out.report["verdict_run"] == "prepared beside the graded run", out.report
+    assert len(out.created) == 3 and out.live_sandboxes == {out.policy_sandbox}  # policy, graded, verdict
+
+
+@pytest.mark.parametrize("grade_in_place", [False, True], ids=["fresh", "in-place"])
+def test_an_unresolved_submission_never_runs_the_verdict_runs_tests(local_root, grade_in_place):
+    """Grading in a fresh sandbox, the verdict run's own sandbox is made ready beside the graded run
+    (forked, submission and test patch in) and its tests wait for the graded run's word: a
+    submission that does not resolve gets no verdict run, and its sandbox is gone when the step
+    returns. In place there is none to prepare."""
+    out = asyncio.run(episode(config_for("local", local_root), SEMVER, [], prove=False,
+                              grade_in_place=grade_in_place))
+    assert out.reward == 0.0 and not out.report["resolved"] and out.report["named"] > 0, out.report
+    assert "verdicts" not in out.report and out.live_sandboxes == {out.policy_sandbox}
+    if grade_in_place:
+        assert "verdict_run" not in out.report and out.created == [out.policy_sandbox]
+    else:
+        assert out.report["verdict_run"] == "prepared beside the graded run, not needed: its tests did not run"
+        assert len(out.created) == 3, out.created  # policy, graded, the verdict run's (dropped before its tests)
 
 
 def test_a_verdict_run_that_cannot_start_is_a_grading_error(local_root):

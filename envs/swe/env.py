@@ -47,6 +47,8 @@ import contextlib
 import hashlib
 import logging
 import shlex
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
@@ -219,8 +221,6 @@ class SWEEnv(SandboxEnv):
         return (await submitted_patch(ctx)).decode("utf-8", "replace")
 
     async def grade(self, ctx: ToolContext, task: SWETask) -> tuple[float, dict]:
-        from .grading import grade, pytest_parser
-
         patch = await submitted_patch(ctx)
         report: dict[str, Any] = {"patch": patch.decode("utf-8", "replace")[:MAX_REPORTED_PATCH],
                                   "graded_in": "in_place" if self.grade_in_place else "fresh_sandbox"}
@@ -228,11 +228,28 @@ class SWEEnv(SandboxEnv):
             report.update(resolved=False, reward=0.0, dropped=[],
                           patch_error=f"the submitted patch is {len(patch)} bytes (limit {MAX_PATCH_BYTES})")
             return 0.0, report
+        verdict_run = self._prepare_verdict_run(task, patch)
+        deletes: list[asyncio.Future] = []  # the graded run's sandbox, deleted while the verdict run goes on
+        try:
+            reward, report = await self._grade(ctx, task, patch, report, verdict_run, deletes)
+        finally:  # every grading sandbox is gone before the step ends, whatever happened
+            if verdict_run is not None:
+                await verdict_run.settle()
+            await asyncio.gather(*deletes, return_exceptions=True)
+        if verdict_run is not None:
+            report["verdict_run"] = ("prepared beside the graded run" if verdict_run.used else
+                                     "prepared beside the graded run, not needed: its tests did not run")
+        return reward, report
+
+    async def _grade(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict[str, Any],
+                     verdict_run: _VerdictRun | None, deletes: list[asyncio.Future]) -> tuple[float, dict]:
+        from .grading import grade, pytest_parser
+
         try:
             if self.grade_in_place:
                 run = await self._test(ctx, task, None, scan_patch=patch)
             else:
-                run = await self._run_fresh(task, patch, scan_patch=patch)
+                run = await self._run_fresh(task, patch, scan_patch=patch, deletes=deletes)
         except INFRA_ERRORS:
             raise  # the env marks the trajectory failed (infrastructure)
         except (OrchardError, RuntimeError, ValueError, ImportError) as e:  # ValueError: no test command
@@ -253,7 +270,7 @@ class SWEEnv(SandboxEnv):
         if run.test_patch_applied and report["named"]:
             if report["resolved"] and self.tamper_check and pytest_parser(task.log_parser):
                 try:
-                    await self._check_verdicts(ctx, task, patch, report)
+                    await self._check_verdicts(ctx, task, patch, report, verdict_run)
                 except INFRA_ERRORS:
                     raise
                 except (OrchardError, RuntimeError, ValueError) as e:  # VerdictRunError included
@@ -287,29 +304,44 @@ class SWEEnv(SandboxEnv):
         return ProtectedPaths(task.test_files, ctx.env, frozenset(names | folders))
 
     async def _test(self, ctx: ToolContext, task: SWETask, patch: bytes | None, *, verdicts: bool = False,
-                    scan_patch: bytes | None = None) -> TestRun:
+                    scan_patch: bytes | None = None, go: Awaitable[bool] | None = None) -> TestRun:
         """Apply `patch` (None: already in the tree), test; `verdicts`: as the verdict run;
-        `scan_patch`: the submission to scan for runner machinery (base versions read here)."""
+        `scan_patch`: the submission to scan for runner machinery (base versions read here); `go`:
+        awaited right before the tests run, False: they do not (`evaluation.run_tests`)."""
         rules = await self._rules(task, ctx)
         if task.in_image:
-            run = await run_eval_script(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts)
+            run = await run_eval_script(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts, go=go)
         else:
-            run = await run_tests(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts)
+            run = await run_tests(ctx, task, rules, patch, self.test_timeout, verdicts=verdicts, go=go)
         if scan_patch is not None and self.tamper_check:
             found = scan(scan_patch.decode("utf-8", "replace"), rules)
             run.tampering = [{"source": "scan", **f} for f in await exempt(found, lambda p: _base_text(ctx, p))]
         return run
 
-    async def _check_verdicts(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict) -> None:
-        """Run the tests again as the verdict run (in another fresh sandbox; in place, right after the
-        graded run, when grading in place) and add what disagrees with the log, or what the plugin
-        saw, to report["tampering"]."""
+    def _prepare_verdict_run(self, task: SWETask, patch: bytes) -> _VerdictRun | None:
+        """Grading in a fresh sandbox with the verdict run to come if the submission resolves: its own
+        fresh sandbox is made ready (forked or set up, submission and test patch in) beside the graded
+        run, and its tests wait for the graded run's word (`_VerdictRun.go`). A resolved grading then
+        costs one test run's time more, not a sandbox's and a test run's; an unresolved one, a sandbox
+        whose tests never ran."""
+        from .grading import pytest_parser
+
+        if self.grade_in_place or not self.tamper_check or not pytest_parser(task.log_parser):
+            return None
+        go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        return _VerdictRun(go, asyncio.ensure_future(self._run_fresh(task, patch, verdicts=True, go=go)))
+
+    async def _check_verdicts(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict,
+                              verdict_run: _VerdictRun | None = None) -> None:
+        """Run the tests again as the verdict run (in another fresh sandbox, prepared beside the graded
+        run; in place, right after the graded run, when grading in place) and add what disagrees with
+        the log, or what the plugin saw, to report["tampering"]."""
         if self.grade_in_place:  # the tree as the graded run left it (test patch in): the same test step again
             script = eval_script(task) if task.in_image else None
             result = await verdict_exec(ctx, None if script else task.test_cmd, scratch_path(ctx), self.test_timeout,
                                         script=script)
         else:
-            run = await self._run_fresh(task, patch, verdicts=True)
+            run = await (verdict_run.run() if verdict_run else self._run_fresh(task, patch, verdicts=True))
             if not run.applied or not run.test_patch_applied or run.verdicts is None:
                 raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
             result = run.verdicts
@@ -346,11 +378,24 @@ class SWEEnv(SandboxEnv):
             if setup is not None:  # after the delete: the fork may stand on the snapshot's layer
                 await setup.release()
 
-    async def _run_fresh(self, task: SWETask, patch: bytes, **kwargs: Any) -> TestRun:
-        async with self._fresh_sandbox(task) as (gctx, snapshot_id):
+    async def _run_fresh(self, task: SWETask, patch: bytes, *, deletes: list[asyncio.Future] | None = None,
+                         **kwargs: Any) -> TestRun:
+        """`_test` in a fresh sandbox, deleted before this returns; with `deletes`, the delete is
+        started and put there instead (for the caller to await), so that what comes next need not
+        wait for it."""
+        stack = contextlib.AsyncExitStack()
+        gctx, snapshot_id = await stack.enter_async_context(self._fresh_sandbox(task))
+        try:
             run = await self._test(gctx, task, patch, **kwargs)
-            run.sandbox_from = snapshot_id
-            return run
+        except BaseException:
+            await stack.aclose()
+            raise
+        run.sandbox_from = snapshot_id
+        if deletes is None:
+            await stack.aclose()
+        else:
+            deletes.append(asyncio.ensure_future(stack.aclose()))
+        return run
 
     async def _reference(self, task: SWETask) -> dict:
         """Run the gold patch in a fresh sandbox: do its test results name the task's tests?"""
@@ -384,6 +429,30 @@ async def _base_text(ctx: ToolContext, path: str) -> str | None:
     """`path` as the base commit holds it (None: not there), read in the grading sandbox."""
     r = await ctx.sandbox.exec(f"{GIT} show {shlex.quote('HEAD:' + path)}", cwd=ctx.cwd, timeout=60)
     return r.stdout if r.exit_code == 0 else None
+
+
+@dataclass
+class _VerdictRun:
+    """A verdict run started beside the graded run: `go` says whether its tests run, `task` is the run."""
+
+    go: asyncio.Future[bool]
+    task: asyncio.Future[TestRun]
+
+    @property
+    def used(self) -> bool:
+        return self.go.done() and self.go.result()
+
+    async def run(self) -> TestRun:
+        """Its tests, now: the graded run resolved."""
+        self.go.set_result(True)
+        return await self.task
+
+    async def settle(self) -> None:
+        """Not needed (or grading failed): stop before its tests and wait for its sandbox's delete."""
+        if not self.go.done():
+            self.go.set_result(False)
+        with contextlib.suppress(Exception):  # its errors matter only to `run`, which raised them
+            await asyncio.shield(self.task)
 
 
 _REFERENCE_NAMED: dict[str, int] = {}  # task (+ runtime) -> how many of its tests the gold patch's run names

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import shlex
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 
 from .protected import ProtectedPaths
@@ -36,6 +37,7 @@ class TestRun:
     dropped: list[dict] = field(default_factory=list)  # {"path", "reason"} put back to base
     test_patch_applied: bool = False
     test_patch_output: str = ""
+    tests_ran: bool = False  # False also when its `go` said no (a verdict run the graded run did not need)
     output: str = ""
     exit_code: int | None = None
     timed_out: bool = False
@@ -137,9 +139,10 @@ async def apply_submission(ctx, rules: ProtectedPaths, patch: bytes | None) -> T
 
 
 async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float,
-                    verdicts: bool = False) -> TestRun:
+                    verdicts: bool = False, go: Awaitable[bool] | None = None) -> TestRun:
     """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test
-    (verdicts: under the verdict driver, whose result lands in `run.verdicts`)."""
+    (verdicts: under the verdict driver, whose result lands in `run.verdicts`). `go`: awaited once
+    the tree is ready, right before the tests; False: stop there (`run.tests_ran` stays False)."""
     run = await apply_submission(ctx, rules, patch)
     if not run.applied:
         return run
@@ -148,6 +151,9 @@ async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeo
     if not applied.success:
         run.test_patch_output = (applied.stdout + applied.stderr)[-OUTPUT_TAIL:]
         return run
+    if go is not None and not await go:
+        return run
+    run.tests_ran = True
     if verdicts:
         run.verdicts = await verdict_exec(ctx, task.test_cmd, scratch_path(ctx), timeout)
         return run

@@ -17,6 +17,7 @@ runs (`evaluation.py`), exactly as for the built-in tasks; only the test step di
 from __future__ import annotations
 
 import shlex
+from collections.abc import Awaitable
 
 from .evaluation import TestRun, apply_submission, scratch_path, uploaded
 from .protected import ProtectedPaths
@@ -67,14 +68,18 @@ def eval_script(task) -> str:
 
 
 async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeout: float,
-                          verdicts: bool = False) -> TestRun:
+                          verdicts: bool = False, go: Awaitable[bool] | None = None) -> TestRun:
     """Apply `patch` (None: the tree already holds it), put protected paths back, run the eval script
-    (verdicts: under the verdict driver, whose result lands in `run.verdicts`)."""
+    (verdicts: under the verdict driver, whose result lands in `run.verdicts`). `go`: as in
+    `evaluation.run_tests`."""
     run = await apply_submission(ctx, rules, patch)
     if not run.applied:
         return run
     # the script applies the test patch itself; whether it did shows in the log (no marker, no tests)
     run.test_patch_applied = True
+    if go is not None and not await go:
+        return run
+    run.tests_ran = True
     if verdicts:
         run.verdicts = await verdict_exec(ctx, None, scratch_path(ctx), timeout, script=eval_script(task))
         return run
