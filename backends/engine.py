@@ -5,6 +5,8 @@ the API version it speaks. Podman answers `/version` by running `dpkg-query` (or
 component it reports: 8 processes, tens of milliseconds of CPU per call, and a test suite or an
 env that opens a backend per episode made thousands of them. The answer is asked once per engine
 address per process and kept, and every client after the first speaks the API version it gave.
+The first client too is made with an API version named (docker-py's minimum), so that docker-py
+does not ask before we do: one `/version` per process, not two.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def open_engine(base_url: str | None = None, **kwargs):
     (`docker.from_env`: DOCKER_HOST with DOCKER_TLS_*, or default_base_url()). kwargs go to the
     client (timeout, max_pool_size). Raises what docker-py raises when the engine is unreachable."""
     import docker
+    from docker.constants import MINIMUM_DOCKER_API_VERSION
 
     from_env = base_url is None and bool(os.environ.get("DOCKER_HOST"))
     key = os.environ["DOCKER_HOST"] if from_env else (base_url or default_base_url())
@@ -43,13 +46,17 @@ def open_engine(base_url: str | None = None, **kwargs):
         return docker.from_env(version=v, **kwargs) if from_env else docker.DockerClient(base_url=key, version=v,
                                                                                        **kwargs)
 
-    client = make(version)
-    if known is None:
-        try:
-            known = client.version()
-        except Exception:
-            client.close()
-            raise
-        with _lock:
-            _versions[key] = known
+    if known is not None:
+        return make(version), known
+    client = make(MINIMUM_DOCKER_API_VERSION)  # a version named: docker-py asks nothing yet
+    try:
+        known = client.version(api_version=False)  # GET /version, which every API version answers
+    except Exception:
+        client.close()
+        raise
+    with _lock:
+        _versions[key] = known
+    if known.get("ApiVersion"):  # the engine's own version from now on (making a client asks nothing)
+        client.close()
+        client = make(known["ApiVersion"])
     return client, known
