@@ -2,7 +2,7 @@
 # .venv-verifiers: orchard-gym (editable, this checkout) with the extras [verifiers,docker,gui] in a venv of
 # its own. verifiers 0.4 pins mcp==2.0.0 (imported by `verifiers.v1`), OpenEnv 0.10 needs mcp<2,
 # so they cannot share .venv (docs/integrations.md). Idempotent: a venv installed from this very
-# pyproject.toml and script is kept (a second run takes a second). The first run takes ~20 s (uv)
+# pyproject.toml and script is kept (a second run takes a second). The first run takes ~15 s (uv)
 # and ~600 MB; it also warms uv's cache with verifiers' chat program's packages (its null
 # harness runs that program through `uv`), so episodes start without a download.
 #   bash scripts/install_verifiers.sh
@@ -23,8 +23,8 @@ rm -f "$stamp_file"
 # docker: GUI-v0 (and any env) on the docker backend; gui: MiniWoB's pages for GUI-v0's task list;
 # SWE-bench's grading, installed as scripts/install.sh does (its pin is read from there).
 source scripts/venv_install.sh
-venv_install "$venv" -e '.[verifiers,docker,gui]'
-venv_install "$venv" --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
+venv_install --lazy-bytecode "$venv" -e '.[verifiers,docker,gui]'
+venv_install --lazy-bytecode "$venv" --no-deps "$(grep -o 'swebench==[0-9.]*' scripts/install.sh | head -1)"
 script=$(mktemp -d)/chat.py
 $venv/bin/python -c "from verifiers.v1.harnesses.utils.launch import CHAT_PROGRAM_SOURCE as s; print(s, end='')" >"$script"
 PATH="$PWD/$venv/bin:$PATH" uv sync --script "$script" -q --no-config
