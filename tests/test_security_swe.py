@@ -550,6 +550,36 @@ def test_an_unresolved_submission_never_runs_the_verdict_runs_tests(local_root, 
         assert len(out.created) == 3, out.created  # policy, graded, the verdict run's (dropped before its tests)
 
 
+def test_a_grading_sandbox_that_cannot_be_made_lets_go_of_the_set_up_snapshot(local_root):
+    """Grading holds the set-up snapshot while it forks from it; when neither the fork nor a sandbox
+    set up afresh can be made, the hold is let go all the same, so closing the env deletes the
+    snapshot (before, it was held for good and stayed on the backend)."""
+    from orchard_gym.envs import forking
+    from orchard_gym.errors import InvalidRequest
+
+    async def go():
+        async with AsyncSandboxClient(config_for("local", local_root)) as client:
+            env = SWEEnv(client=client, snapshot_setup=True)
+            await env.areset(options={"task_id": SEMVER})
+            setup = forking.kept_setup(env, SEMVER)
+            real = client.create_sandbox
+
+            async def refused(*args, **kwargs):
+                raise InvalidRequest("no sandbox for the grader")
+
+            client.create_sandbox = refused
+            try:
+                _, reward, *_, info = await env.astep({"name": "submit"})
+            finally:
+                client.create_sandbox = real
+            await env.aclose()
+            return reward, info, setup
+
+    reward, info, setup = asyncio.run(go())
+    assert reward == 0.0 and "the grading sandbox failed" in info["report"]["error"], info
+    assert setup is not None and setup.deleted
+
+
 def test_a_verdict_run_that_cannot_start_is_a_grading_error(local_root):
     """Not the submission's doing (pytest loads the plugin before any of its code): the task is
     marked errored, never paid and never called tampering."""

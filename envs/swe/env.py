@@ -357,25 +357,28 @@ class SWEEnv(SandboxEnv):
         sandbox can write), which skips the set-up; should the fork fail, a sandbox set up afresh."""
         client = await self.get_client()
         setup = forking.kept_setup(self, self.trajectory.task_id) if self.trajectory is not None else None
-        box = None
         if setup is not None:
             setup.hold()
-            try:
-                box = await client.create_sandbox(**self.sandbox_spec(task), from_snapshot=setup.snapshot_id)
-            except OrchardError as e:
-                log.warning("grading from the set-up snapshot %s failed (%s); setting a sandbox up afresh",
-                            setup.snapshot_id, e)
-        forked = box is not None
-        if box is None:
-            box = await client.create_sandbox(**self.sandbox_spec(task))
         try:
-            ctx = await (self.resume(box, task, setup.ctx) if forked else self.setup(box, task))
-            yield ctx, (setup.snapshot_id if forked else None)
-        finally:
-            with contextlib.suppress(OrchardError):
-                await asyncio.shield(box.delete())
-            charge_sandbox(self.trajectory, box)  # the grader's sandbox is the episode's cost too
-            if setup is not None:  # after the delete: the fork may stand on the snapshot's layer
+            box = None
+            if setup is not None:
+                try:
+                    box = await client.create_sandbox(**self.sandbox_spec(task), from_snapshot=setup.snapshot_id)
+                except OrchardError as e:
+                    log.warning("grading from the set-up snapshot %s failed (%s); setting a sandbox up afresh",
+                                setup.snapshot_id, e)
+            forked = box is not None
+            if box is None:
+                box = await client.create_sandbox(**self.sandbox_spec(task))
+            try:
+                ctx = await (self.resume(box, task, setup.ctx) if forked else self.setup(box, task))
+                yield ctx, (setup.snapshot_id if forked else None)
+            finally:
+                with contextlib.suppress(OrchardError):
+                    await asyncio.shield(box.delete())
+                charge_sandbox(self.trajectory, box)  # the grader's sandbox is the episode's cost too
+        finally:  # after the delete (the fork may stand on the snapshot's layer), or when none was made
+            if setup is not None:
                 await setup.release()
 
     async def _run_fresh(self, task: SWETask, patch: bytes, *, deletes: list[asyncio.Future] | None = None,
