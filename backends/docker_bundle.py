@@ -101,10 +101,7 @@ class SharedBundle:
             mountpoint = self.backend.api.inspect_volume(name).get("Mountpoint") or ""
         except derr.APIError:
             return False
-        try:
-            return bool(mountpoint) and os.path.isfile(os.path.join(mountpoint, MARKER))
-        except OSError:
-            return False
+        return bool(mountpoint) and os.path.isfile(os.path.join(mountpoint, MARKER))
 
     def _labels(self, image_id: str) -> dict:
         b = self.backend

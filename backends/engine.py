@@ -40,23 +40,17 @@ def open_engine(base_url: str | None = None, **kwargs):
     key = os.environ["DOCKER_HOST"] if from_env else (base_url or default_base_url())
     with _lock:
         known = _versions.get(key)
-    version = known["ApiVersion"] if known and known.get("ApiVersion") else None  # None: docker-py asks
 
     def make(v):
         return docker.from_env(version=v, **kwargs) if from_env else docker.DockerClient(base_url=key, version=v,
                                                                                        **kwargs)
 
-    if known is not None:
-        return make(version), known
-    client = make(MINIMUM_DOCKER_API_VERSION)  # a version named: docker-py asks nothing yet
-    try:
-        known = client.version(api_version=False)  # GET /version, which every API version answers
-    except Exception:
-        client.close()
-        raise
-    with _lock:
-        _versions[key] = known
-    if known.get("ApiVersion"):  # the engine's own version from now on (making a client asks nothing)
-        client.close()
-        client = make(known["ApiVersion"])
-    return client, known
+    if known is None:
+        probe = make(MINIMUM_DOCKER_API_VERSION)  # an API version named: docker-py asks nothing itself
+        try:
+            known = probe.version(api_version=False)  # GET /version, which every API version answers
+        finally:
+            probe.close()
+        with _lock:
+            _versions[key] = known
+    return make(known.get("ApiVersion") or MINIMUM_DOCKER_API_VERSION), known

@@ -11,7 +11,7 @@ venv_install() {
   if [[ $1 == --lazy-bytecode ]]; then compile=() pip_compile=(--no-compile); shift; fi
   local venv=$1
   shift
-  if "$venv/bin/python" -m pip install -q uv 2>/dev/null &&
+  if { [[ -x $venv/bin/uv ]] || "$venv/bin/python" -m pip install -q uv 2>/dev/null; } &&
      mapfile -t uv_args < <("${PYTHON:-python3}" scripts/uv_pip_args.py "$venv/bin/python") && ((${#uv_args[@]})) &&
      "$venv/bin/uv" pip install -q "${compile[@]}" --python "$venv/bin/python" "${uv_args[@]}" "$@"; then
     return 0

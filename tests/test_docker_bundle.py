@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from conftest import DOCKER_IMAGES, INJECTOR_IMAGE, docker_engine, needs
+from conftest import DOCKER_IMAGES, INJECTOR_IMAGE, docker_engine, needs, remove_prefix_volumes
 from orchard_gym import InvalidRequest, SandboxClient
 
 gateway, why_not = docker_engine()
@@ -123,8 +123,7 @@ def test_a_filled_volume_is_found_on_the_host_without_a_filler_container():
         assert backends[2].bundle.ensure(info) == name and fills == [0, 2]
         assert os.path.isfile(os.path.join(api.inspect_volume(name)["Mountpoint"], MARKER))
     finally:
-        for v in api.volumes(filters={"label": [f"{prefix}.role=bundle"]})["Volumes"] or []:
-            api.remove_volume(v["Name"], force=True)
+        remove_prefix_volumes(prefix)
         for b in backends:
             b.client.close()
 

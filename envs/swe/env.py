@@ -243,7 +243,7 @@ class SWEEnv(SandboxEnv):
 
     async def _grade(self, ctx: ToolContext, task: SWETask, patch: bytes, report: dict[str, Any],
                      verdict_run: _VerdictRun | None, deletes: list[asyncio.Future]) -> tuple[float, dict]:
-        from .grading import grade, pytest_parser
+        from .grading import grade
 
         try:
             if self.grade_in_place:
@@ -268,7 +268,7 @@ class SWEEnv(SandboxEnv):
             report.update(await run_in_thread(grade, run.output, task.model_dump(mode="json"), run.exit_code))
         report.update(test_exit_code=run.exit_code, test_timed_out=run.timed_out, test_output_tail=run.tail)
         if run.test_patch_applied and report["named"]:
-            if report["resolved"] and self.tamper_check and pytest_parser(task.log_parser):
+            if report["resolved"] and self._runs_verdicts(task):
                 try:
                     await self._check_verdicts(ctx, task, patch, report, verdict_run)
                 except INFRA_ERRORS:
@@ -318,15 +318,19 @@ class SWEEnv(SandboxEnv):
             run.tampering = [{"source": "scan", **f} for f in await exempt(found, lambda p: _base_text(ctx, p))]
         return run
 
+    def _runs_verdicts(self, task: SWETask) -> bool:
+        """Whether a resolved grading of `task` gets a verdict run (its log parser is pytest's)."""
+        from .grading import pytest_parser
+
+        return self.tamper_check and pytest_parser(task.log_parser)
+
     def _prepare_verdict_run(self, task: SWETask, patch: bytes) -> _VerdictRun | None:
         """Grading in a fresh sandbox with the verdict run to come if the submission resolves: its own
         fresh sandbox is made ready (forked or set up, submission and test patch in) beside the graded
         run, and its tests wait for the graded run's word (`_VerdictRun.go`). A resolved grading then
         costs one test run's time more, not a sandbox's and a test run's; an unresolved one, a sandbox
         whose tests never ran."""
-        from .grading import pytest_parser
-
-        if self.grade_in_place or not self.tamper_check or not pytest_parser(task.log_parser):
+        if self.grade_in_place or not self._runs_verdicts(task):
             return None
         go: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         return _VerdictRun(go, asyncio.ensure_future(self._run_fresh(task, patch, verdicts=True, go=go)))
@@ -341,7 +345,8 @@ class SWEEnv(SandboxEnv):
             result = await verdict_exec(ctx, None if script else task.test_cmd, scratch_path(ctx), self.test_timeout,
                                         script=script)
         else:
-            run = await (verdict_run.run() if verdict_run else self._run_fresh(task, patch, verdicts=True))
+            assert verdict_run is not None  # grading in a fresh sandbox prepares one (`_prepare_verdict_run`)
+            run = await verdict_run.run()
             if not run.applied or not run.test_patch_applied or run.verdicts is None:
                 raise VerdictRunError("the submission or the test patch did not apply in the verdict run")
             result = run.verdicts

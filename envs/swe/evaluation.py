@@ -37,7 +37,6 @@ class TestRun:
     dropped: list[dict] = field(default_factory=list)  # {"path", "reason"} put back to base
     test_patch_applied: bool = False
     test_patch_output: str = ""
-    tests_ran: bool = False  # False also when its `go` said no (a verdict run the graded run did not need)
     output: str = ""
     exit_code: int | None = None
     timed_out: bool = False
@@ -142,7 +141,7 @@ async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeo
                     verdicts: bool = False, go: Awaitable[bool] | None = None) -> TestRun:
     """Apply `patch` (None: the tree already holds the submission), protect, test-patch, test
     (verdicts: under the verdict driver, whose result lands in `run.verdicts`). `go`: awaited once
-    the tree is ready, right before the tests; False: stop there (`run.tests_ran` stays False)."""
+    the tree is ready, right before the tests; False: stop there, the tests not run."""
     run = await apply_submission(ctx, rules, patch)
     if not run.applied:
         return run
@@ -153,7 +152,6 @@ async def run_tests(ctx, task, rules: ProtectedPaths, patch: bytes | None, timeo
         return run
     if go is not None and not await go:
         return run
-    run.tests_ran = True
     if verdicts:
         run.verdicts = await verdict_exec(ctx, task.test_cmd, scratch_path(ctx), timeout)
         return run

@@ -79,7 +79,6 @@ async def run_eval_script(ctx, task, rules: ProtectedPaths, patch: bytes | None,
     run.test_patch_applied = True
     if go is not None and not await go:
         return run
-    run.tests_ran = True
     if verdicts:
         run.verdicts = await verdict_exec(ctx, None, scratch_path(ctx), timeout, script=eval_script(task))
         return run
