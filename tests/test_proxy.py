@@ -413,3 +413,40 @@ def test_chat_text_part_lists_become_one_string_in_the_normal_form():
     messages, _ = prompt_of(CHAT, body)
     assert [m["content"] for m in messages] == ["s", "ab", image]
     assert body["messages"][1]["content"][0] == {"type": "text", "text": "a"}  # the request as sent is untouched
+
+
+@pytest.mark.parametrize("endpoint", ["chat.completions", "responses"])
+def test_a_streamed_answer_is_recorded_before_its_end_reaches_the_harness(endpoint):
+    """The harness that has read `data: [DONE]` (or `response.completed`) may ask for the record at
+    once: the call must be recorded and closed before that last event leaves the proxy (it was
+    recorded after it, and an admin read raced the recording)."""
+    from orchard_gym.wrappers.proxy.calls import ModelEndpoints
+    from orchard_gym.wrappers.proxy.records import CallRecord, RolloutStore
+
+    if endpoint == "chat.completions":
+        events = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": "hi"}}]},
+                  {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}, "[DONE]"]
+    else:
+        events = [{"type": "response.output_text.delta", "delta": "hi"},
+                  {"type": "response.completed", "response": {
+                      "id": "r1", "object": "response", "status": "completed", "model": "m",
+                      "output": [{"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+                                  "content": [{"type": "output_text", "text": "hi", "annotations": []}]}]}}]
+    body = b"".join(f"data: {e if isinstance(e, str) else json.dumps(e)}\n\n".encode() for e in events)
+
+    async def relay() -> list[tuple[bytes, dict | None, float | None]]:
+        endpoints = ModelEndpoints(ProxyConfig(), RolloutStore())
+        call = CallRecord(index=0, call_id="c0", endpoint=endpoint, stream=True, request={"model": "m"})
+        upstream = httpx.Response(200, content=body)
+        seen = []
+        async for chunk in endpoints._relay(call, time.monotonic(), upstream):
+            seen.append((chunk, call.message, call.latency))  # the record as the harness could read it now
+        return seen
+
+    seen = asyncio.run(relay())
+    end = b"[DONE]" if endpoint == "chat.completions" else b"response.completed"
+    at_end = [(message, latency) for chunk, message, latency in seen if end in chunk]
+    assert len(at_end) == 1, seen
+    message, latency = at_end[0]
+    assert message is not None and "hi" in json.dumps(message) and latency is not None
+    assert b"".join(chunk for chunk, _, _ in seen) == body  # the same events, in the same order

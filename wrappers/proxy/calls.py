@@ -214,7 +214,7 @@ class ModelEndpoints:
         # the Messages door translates each chunk into Messages events instead of passing it through
         translator = ChatToMessagesStream(call.request.get("model") or "") if call.endpoint == MESSAGES else None
         final: dict | None = None
-        buffer = b""
+        buffer = last = b""
         try:
             async for raw in resp.aiter_bytes():
                 if call.time_to_first_byte is None:
@@ -225,9 +225,12 @@ class ModelEndpoints:
                     block, buffer = buffer[:end], buffer[end + 2:]
                     if not block.strip():
                         continue
-                    final = self._parse_event(call, block.decode("utf-8", "replace").split("\n"), assembler,
-                                              translator) or final
-                    if translator is None:
+                    lines = block.decode("utf-8", "replace").split("\n")
+                    parsed = self._parse_event(call, lines, assembler, translator)
+                    final = parsed or final
+                    if translator is None and (last or parsed is not None or _is_done(lines)):
+                        last += block + b"\n\n"  # the answer's end: said once the call is recorded (below)
+                    elif translator is None:
                         out.append(block + b"\n\n")
                     else:
                         out += [sse_event(*e) for e in translator.pending]
@@ -239,11 +242,16 @@ class ModelEndpoints:
                 if call.error:
                     if translator is not None:  # the upstream's own error event was chat-shaped: say it in Anthropic's
                         yield sse_event("error", anthropic_error(502, call.error))
+                    elif last:
+                        yield last
                     return
             if buffer.strip():
                 final = self._parse_event(call, buffer.decode("utf-8", "replace").split("\n"), assembler,
                                           translator) or final
-                yield buffer + b"\n\n" if translator is None else b"".join(sse_event(*e) for e in translator.pending)
+                if translator is None:
+                    last += buffer + b"\n\n"
+                else:
+                    yield b"".join(sse_event(*e) for e in translator.pending)
             if call.error is None:
                 if assembler is not None:
                     if assembler.chunks == 0:
@@ -255,6 +263,9 @@ class ModelEndpoints:
                     raise FormatError("the upstream's stream ended without response.completed")
                 else:
                     self._record(call, final)
+            if last:  # a harness that has read its answer's end finds the call recorded and closed
+                self._close(call, arrived)
+                yield last
         except (httpx.HTTPError, FormatError) as e:
             why = f"the upstream's stream broke: {type(e).__name__}: {e}"
             call.error, call.status_code = why, 502
@@ -267,7 +278,8 @@ class ModelEndpoints:
             raise
         finally:
             await resp.aclose()
-            self._close(call, arrived)
+            if call.latency is None:
+                self._close(call, arrived)
 
     @staticmethod
     def _parse_event(call: CallRecord, event: list[str], assembler: ChatStreamAssembler | None,
@@ -352,3 +364,8 @@ class ModelEndpoints:
     async def aclose(self) -> None:
         if self.http is not None:
             await self.http.aclose()
+
+
+def _is_done(event: list[str]) -> bool:
+    """Whether an SSE event is the chat stream's `data: [DONE]`."""
+    return "\n".join(line[5:].lstrip() for line in event if line.startswith("data:")) == "[DONE]"
