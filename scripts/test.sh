@@ -17,14 +17,22 @@ bash scripts/install.sh dev,server,docker,k8s,train,gui,integrations   # gui: th
 mypy_log=$(mktemp)
 MYPY_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/orchard-gym/mypy" .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-bash scripts/build_test_images.sh     # localhost/orchard/{bookworm,busybox}, only if missing
-bash scripts/build_gui_image.sh       # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
-bash scripts/build_injector_image.sh  # localhost/orchard/agent-injector, only if the bundle changed
-.venv/bin/python scripts/build_swe_images.py   # one image per SWE task, only if its inputs changed
-.venv/bin/python scripts/build_swebench_layout_images.py   # a built-in task in SWE-bench's image layout, only if changed
-bash scripts/install_verifiers.sh     # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2), ~1 min and ~600 MB once, then a second
-bash scripts/install_harnesses.sh     # mini-swe-agent, OpenHands (PyPI), Codex CLI (npm), pinned, only if missing
-bash scripts/install_harbor.sh >/dev/null   # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
+# The rest of the set-up is three independent chains, run at once: on a brand-new machine they took
+# 390 s one after another, most of it waiting on downloads (Debian's mirror, PyPI, npm). Each step
+# still skips what is already there; their lines carry their step's [tag].
+setup_pids=() setup_names=()
+setup_chain() { local name=$1; shift; bash -c "$*" & setup_pids+=($!); setup_names+=("$name"); }
+setup_chain images 'bash scripts/build_test_images.sh &&  # localhost/orchard/{bookworm,busybox}, only if missing
+  bash scripts/build_gui_image.sh &&       # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
+  bash scripts/build_injector_image.sh &&  # localhost/orchard/agent-injector, only if the bundle changed
+  .venv/bin/python scripts/build_swe_images.py &&   # one image per SWE task, only if its inputs changed
+  .venv/bin/python scripts/build_swebench_layout_images.py'   # a built-in task in SWE-bench's image layout, only if changed
+setup_chain harnesses 'bash scripts/install_harnesses.sh'  # mini-swe-agent, OpenHands (PyPI), Codex CLI, OpenClaw, Claude Code (npm), pinned, only if missing
+setup_chain venvs 'bash scripts/install_verifiers.sh &&  # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2)
+  bash scripts/install_harbor.sh >/dev/null'  # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
+setup_failed=()
+for i in "${!setup_pids[@]}"; do wait "${setup_pids[$i]}" || setup_failed+=("${setup_names[$i]}"); done
+if ((${#setup_failed[@]})); then echo "scripts/test.sh: set-up failed: ${setup_failed[*]} (see above)" >&2; exit 1; fi
 
 # The docker backend's tests talk to Podman's Docker API. Stop the service afterwards only
 # if we started it (someone else's service on this machine keeps running).

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from orchard_gym.cache import cache_root
+from orchard_gym.pip_install import pip_install
 
 
 def ensure_venv(requirements: list[str], root: Path | None = None) -> Path:
@@ -33,8 +34,7 @@ def ensure_venv(requirements: list[str], root: Path | None = None) -> Path:
         shutil.rmtree(venv, ignore_errors=True)
         subprocess.run([python, "-m", "venv", str(venv)], check=True, capture_output=True)
         if requirements:
-            r = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                                *requirements], capture_output=True, text=True)
+            r = pip_install(str(venv / "bin" / "python"), requirements)
             if r.returncode != 0:
                 shutil.rmtree(venv, ignore_errors=True)
                 raise RuntimeError(f"cannot build the test venv ({' '.join(requirements)}): {r.stderr[-2000:]}")

@@ -28,7 +28,6 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -140,11 +139,11 @@ def ensure_portable_venv(requirements: list[str], python: str, root: Path | None
         build_runtime(python, debian_rootfs(python, base / "python", timeout), venv / "runtime")
         subprocess.run([str(venv / "runtime" / "bin" / f"python{python}"), "-m", "venv", "--without-pip", str(venv)],
                        check=True, capture_output=True)
-        if requirements:  # the host's pip, run by the venv's interpreter (`pip --python`)
+        if requirements:  # installed by the host's uv (or pip) into the venv's interpreter
+            from orchard_gym.pip_install import pip_install
+
             try:
-                r = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
-                                    "-q", "--disable-pip-version-check", *requirements],
-                                   capture_output=True, text=True, timeout=timeout)
+                r = pip_install(str(venv / "bin" / "python"), requirements, timeout=timeout)
             except subprocess.TimeoutExpired:
                 raise HarnessInstallError(f"pip install {' '.join(requirements)} took over {timeout:g}s") from None
             if r.returncode != 0:
