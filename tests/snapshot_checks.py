@@ -13,12 +13,13 @@ def out(box, command: str) -> str:
     return r.stdout
 
 
-def check_fork_correctness(client, image=None, outside: str | None = None, hook=None) -> None:
+def check_fork_correctness(client, image=None, outside: str | None = None, hook=None, deleted_hook=None) -> None:
     """Files written before the snapshot are in every fork; a fork's writes are seen by no
     other fork nor the parent; deleting the parent (and then the snapshot) leaves forks
     intact. Three sandboxes: the parent, fork A, and fork B made after the parent is gone.
     `outside`: a file outside the workdir that the snapshot also holds (docker: the whole
-    filesystem); `hook(snapshot, fork)`: backend-specific checks while both exist."""
+    filesystem); `hook(snapshot, fork)`: backend-specific checks while both exist;
+    `deleted_hook(snapshot)`: checks once the snapshot is deleted while its forks still run."""
     parent = client.create_sandbox(image=image)
     out(parent, "mkdir -p sub && echo before > sub/a.txt && echo keep > b.txt && ln -s sub/a.txt link"
                 + (f" && echo outside > {outside}" if outside else ""))
@@ -42,6 +43,8 @@ def check_fork_correctness(client, image=None, outside: str | None = None, hook=
     assert snap.snapshot_id not in [s.snapshot_id for s in client.list_snapshots()]
     assert out(fork_b, "cat sub/a.txt") == "before\n"  # a deleted snapshot leaves its forks
     assert out(fork_a, "cat sub/a.txt") == "fork-a\n"
+    if deleted_hook is not None:
+        deleted_hook(snap)
     with pytest.raises(SnapshotNotFound):
         client.create_sandbox(image=image, from_snapshot=snap.snapshot_id)
     with pytest.raises(SnapshotNotFound):
