@@ -23,10 +23,12 @@ mypy_pid=$!
 setup_pids=() setup_names=()
 setup_chain() { local name=$1; shift; bash -c "$*" & setup_pids+=($!); setup_names+=("$name"); }
 setup_chain images 'bash scripts/build_test_images.sh &&  # localhost/orchard/{bookworm,busybox}, only if missing
-  bash scripts/build_gui_image.sh &&       # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
-  bash scripts/build_injector_image.sh &&  # localhost/orchard/agent-injector, only if the bundle changed
-  .venv/bin/python scripts/build_swe_images.py &&   # one image per SWE task, only if its inputs changed
-  .venv/bin/python scripts/build_swebench_layout_images.py'   # a built-in task in SWE-bench's image layout, only if changed
+  { bash scripts/build_gui_image.sh &      # localhost/orchard/gui (Xvfb, Chromium, ... + MiniWoB pages), only if its inputs changed
+    gui=$!                                 # beside the rest: each needs only the bookworm image
+    bash scripts/build_injector_image.sh &&  # localhost/orchard/agent-injector, only if the bundle changed
+    .venv/bin/python scripts/build_swe_images.py &&   # one image per SWE task, only if its inputs changed
+    .venv/bin/python scripts/build_swebench_layout_images.py   # a built-in task in the SWE-bench image layout
+    rest=$?; wait $gui && exit $rest; }'
 setup_chain harnesses 'bash scripts/install_harnesses.sh'  # mini-swe-agent, OpenHands (PyPI), Codex CLI, OpenClaw, Claude Code (npm), pinned, only if missing
 setup_chain venvs 'bash scripts/install_verifiers.sh &&  # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2)
   bash scripts/install_harbor.sh >/dev/null'  # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
