@@ -29,9 +29,10 @@ setup_chain images 'bash scripts/build_test_images.sh &&  # localhost/orchard/{b
     .venv/bin/python scripts/build_swe_images.py &&   # one image per SWE task, only if its inputs changed
     .venv/bin/python scripts/build_swebench_layout_images.py   # a built-in task in the SWE-bench image layout
     rest=$?; wait $gui && exit $rest; }'
-setup_chain harnesses 'bash scripts/install_harnesses.sh'  # mini-swe-agent, OpenHands (PyPI), Codex CLI, OpenClaw, Claude Code (npm), pinned, only if missing
-setup_chain venvs 'bash scripts/install_verifiers.sh &&  # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2)
-  bash scripts/install_harbor.sh >/dev/null'  # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
+# The images chain is the longest (its steps wait on each other); the other two take the CPU it leaves.
+setup_chain harnesses 'nice -n 10 bash scripts/install_harnesses.sh'  # mini-swe-agent, OpenHands (PyPI), Codex CLI, OpenClaw, Claude Code (npm), pinned, only if missing
+setup_chain venvs 'nice -n 10 bash scripts/install_verifiers.sh &&  # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2)
+  nice -n 10 bash scripts/install_harbor.sh >/dev/null'  # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
 setup_failed=()
 for i in "${!setup_pids[@]}"; do wait "${setup_pids[$i]}" || setup_failed+=("${setup_names[$i]}"); done
 if ((${#setup_failed[@]})); then echo "scripts/test.sh: set-up failed: ${setup_failed[*]} (see above)" >&2; exit 1; fi
