@@ -53,9 +53,9 @@ def install(name: str) -> str | None:
     return None
 
 
-# at once: each is mostly downloads and unpacking (one after another they took 220 s on a brand-new
-# machine); installs that share a build (the Debian python of OpenHands and Harbor) wait on its lock
-with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+# at once: one after another they took 220 s on a brand-new machine, each waiting on its downloads
+# before its CPU work; installs that share a build (the Debian python of OpenHands and Harbor) wait on its lock
+with ThreadPoolExecutor(max_workers=len(names)) as pool:
     failed = [n for n, why in zip(names, pool.map(install, names)) if why is not None]
 if failed:
     sys.exit(f"[harnesses] not installed: {', '.join(failed)}")

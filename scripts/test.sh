@@ -18,8 +18,8 @@ mypy_log=$(mktemp)
 MYPY_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/orchard-gym/mypy" .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
 # The rest of the set-up is three independent chains, run at once: on a brand-new machine they took
-# 390 s one after another, most of it waiting on downloads (Debian's mirror, PyPI, npm). Each step
-# still skips what is already there; their lines carry their step's [tag].
+# 390 s one after another and under 200 s at once, both CPUs busy throughout (docs/testing.md). Each
+# step still skips what is already there; their lines carry their step's [tag].
 setup_pids=() setup_names=()
 setup_chain() { local name=$1; shift; bash -c "$*" & setup_pids+=($!); setup_names+=("$name"); }
 setup_chain images 'bash scripts/build_test_images.sh &&  # localhost/orchard/{bookworm,busybox}, only if missing
