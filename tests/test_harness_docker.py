@@ -25,9 +25,15 @@ import orchard_gym  # noqa: E402,F401
 from orchard_gym._loop import LoopThread  # noqa: E402
 from orchard_gym.envs.swe.tasks import load_tasks  # noqa: E402
 from orchard_gym.wrappers.harness import get_harness  # noqa: E402
+from orchard_gym.wrappers.harness.baked import BAKED_ROOT  # noqa: E402
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
 
 TASK = "semver-3.0.2"
+
+
+def succeeds(box, command: str) -> bool:
+    """Whether `command` exits 0 in the (async) sandbox `box`."""
+    return LoopThread.shared().run(box.exec(command, timeout=60)).exit_code == 0
 SPEC = load_tasks("builtin")[TASK]
 
 
@@ -94,11 +100,12 @@ def docker_proxy():
 def test_codex_in_docker_solves_fails_and_reaches_only_the_proxy(docker_proxy):
     proxy, backend, decoy_port = docker_proxy
     env = gym.make("Orchard/SWE-v0", harness="codex", backend=backend, proxy=proxy, network="proxy",
-                   max_seconds=600)
+                   max_seconds=600, bake_payloads=False)  # its payload uploaded and unpacked at each reset
     try:
         obs, info = env.reset(options={"task_id": TASK})
         assert info["endpoint"] == "responses" and info["request"]["stream"] is True
         box = env.unwrapped.task_env.sandbox
+        assert box.record.image == SPEC.image and not succeeds(box, f"test -e {BAKED_ROOT}")  # nothing baked
         host = box.record.details["host_address"]
         gold = f"git apply <<'ORCHARD_EOF'\n{SPEC.patch}\nORCHARD_EOF\necho applied-$?"
         probe = f"export PROBE_HOST={host} PROBE_PORT={decoy_port}\n{PROBE}"
@@ -138,7 +145,12 @@ def test_harness_in_docker_solves_with_a_scripted_policy_and_fails_doing_nothing
     env = gym.make("Orchard/SWE-v0", harness=name, backend=backend, proxy=proxy, network="proxy", max_seconds=600)
     try:
         env.reset(options={"task_id": TASK})
-        assert env.unwrapped.task_env.sandbox.record.backend == "docker"
+        box = env.unwrapped.task_env.sandbox
+        assert box.record.backend == "docker"
+        baked = box.record.image
+        assert baked.startswith(f"localhost/orchard/harness-{name}:"), baked  # the task's image, harness baked in
+        # a policy's write to the baked-in harness stays in its own sandbox (checked in the next one)
+        assert succeeds(box, f"touch {BAKED_ROOT}/TAMPERED && ls {BAKED_ROOT}")
         gold = f"git apply <<'ORCHARD_EOF'\n{SPEC.patch}\nORCHARD_EOF\necho applied-$?"
         obs, reward, terminated, truncated, info = env.step(harness.shell(gold))
         assert not (terminated or truncated), info
@@ -151,6 +163,8 @@ def test_harness_in_docker_solves_with_a_scripted_policy_and_fails_doing_nothing
         for call in record.calls:  # every model call recorded with the request as sent and the answer it got
             assert call.ok and call.request and call.response and call.message
         obs, info = env.reset(options={"task_id": TASK})
+        box = env.unwrapped.task_env.sandbox
+        assert box.record.image == baked and succeeds(box, f"test -d {BAKED_ROOT} && ! test -e {BAKED_ROOT}/TAMPERED")
         obs, reward, terminated, truncated, info = env.step(harness.finish)
         assert (reward, terminated, truncated) == (0.0, True, False) and "error" not in info, info
         record = env.unwrapped.record
@@ -173,6 +187,7 @@ def test_openclaw_in_docker_solves_a_claw_task_through_the_skill_and_fails_doing
     try:
         obs, info = env.reset(options={"task_id": "todo-cleanup-001"})
         assert env.unwrapped.task_env.sandbox.record.backend == "docker"
+        assert env.unwrapped.task_env.sandbox.record.image.startswith("localhost/orchard/harness-openclaw:")
         assert "claw-tools" in json.loads(obs)["messages"][0]["content"]  # the skill, in its own prompt
         oracle = env.unwrapped.task_env.task.oracle
         for call in oracle:

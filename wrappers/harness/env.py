@@ -33,7 +33,8 @@ kubernetes: a NetworkPolicy) and the harness calls the proxy over TCP at `proxy_
 (default: the proxy's port at the sandbox's `host_address`, the host as the sandbox sees
 it). A sandbox that cannot see the host's file system (docker, kubernetes) gets the
 harness shipped in: its npm payload (`Harness.sandbox_payload`) and/or its whole venv,
-relinked there to the sandbox's own python (`ShippedVenv`). With `network="host"` the sandbox has the network and
+relinked there to the sandbox's own python (`ShippedVenv`); on an in-process docker backend
+they are baked into the task's image once (baked.py), elsewhere uploaded at each reset. With `network="host"` the sandbox has the network and
 the harness calls the proxy's TCP URL (`proxy_url`, default the proxy's own), at the price
 of a sandbox that can reach anything.
 """
@@ -47,6 +48,7 @@ import json
 import os
 import shlex
 import time
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import gymnasium as gym
@@ -86,7 +88,9 @@ class HarnessEnv(gym.Env):
     `proxy`: a started `RecordingProxy` to share (default: one of its own, started on the
     first reset, with a unix socket); `max_steps`: model calls answered; `max_seconds`:
     the rollout's wall-clock budget (OpenForge RL uses 900 s); `model`: the model name
-    the harness is told to use."""
+    the harness is told to use; `bake_payloads`: on an in-process docker backend, start the
+    sandboxes from the task's image with the harness baked in (baked.py; False: upload and
+    unpack it at every reset, as on kubernetes)."""
 
     metadata: ClassVar[dict] = {"render_modes": ["ansi"]}
 
@@ -94,7 +98,7 @@ class HarnessEnv(gym.Env):
                  max_steps: int = 100, max_seconds: float | None = 900.0,
                  network: Literal["isolated", "proxy", "host"] = "isolated", proxy_url: str | None = None,
                  model: str = "orchard-policy", render_mode: str | None = None,
-                 observation_max_length: int = 10_000_000, **env_kwargs: Any):
+                 observation_max_length: int = 10_000_000, bake_payloads: bool = True, **env_kwargs: Any):
         if render_mode not in (None, "ansi"):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
@@ -108,6 +112,7 @@ class HarnessEnv(gym.Env):
         self.env_id = self.task_env.env_id
         self.max_steps, self.max_seconds = max_steps, max_seconds
         self.network, self.proxy_url, self.model = network, proxy_url, model
+        self.bake_payloads = bool(bake_payloads)
         self.render_mode = render_mode
         self.observation_space = UnicodeText(observation_max_length)
         self.action_space = AnyAction(1_000_000)
@@ -176,25 +181,55 @@ class HarnessEnv(gym.Env):
                                      messages=call.messages, tools=call.tools, request=call.request)
 
     # ------------------------------------------------------------------ the harness in the sandbox
-    async def _launch(self, sandbox, ctx, task, venv, npm=None) -> None:
+    def _payloads(self, venv, npm) -> dict[str, Path]:
+        """What a sandbox that cannot see the host's installs gets shipped: folder -> archive."""
+        from .install import ensure_payload, ensure_venv_payload
+
+        archives = {}
+        if npm is not None:
+            if not self.harness.sandbox_payload:
+                raise HarnessError(f"{self.harness.name} lists no sandbox_payload to ship into a "
+                                   f"{self.network!r} sandbox")
+            archives["npm"] = ensure_payload(npm, self.harness.sandbox_payload)
+        if venv is not None:  # the whole venv, relinked to the sandbox's own python in run.sh
+            archives["venv"] = ensure_venv_payload(venv)
+        return archives
+
+    async def _baked_image(self, client, image: str | None, venv, npm) -> str | None:
+        """On an in-process docker backend, the task's image with the payloads in it (baked.py),
+        else None (they are uploaded at launch)."""
+        backend = client.backend
+        if not self.bake_payloads or client.backend_name != "docker" or (venv is None and npm is None):
+            return None
+        from .baked import BAKED_ROOT, baked_image
+        from .install import npm_root
+
+        archives = await run_in_thread(self._payloads, venv, npm)
+        return await run_in_thread(baked_image, backend.base_url, image or backend.config.default_image,
+                                   self.harness.name, {f"{BAKED_ROOT}/{k}": v for k, v in archives.items()},
+                                   npm_root().parent)
+
+    async def _launch(self, sandbox, ctx, task, venv, npm=None, baked: bool = False) -> None:
         base = (sandbox.workdir or "/workspace").rstrip("/")
         hdir = f"{base}/.orchard-harness"
         h, npm_dir, payload, shipped = self.harness, str(npm) if npm else None, None, None
         if self.network == "proxy" or sandbox.record.backend != "local":
-            # the sandbox cannot see the host's installs: ship what the harness needs
-            from .install import ensure_payload, ensure_venv_payload, venv_python_version
+            # the sandbox cannot see the host's installs: they are in its image (baked) or shipped now
+            from .baked import BAKED_ROOT
+            from .install import venv_python_version
 
+            archives = {} if baked else await run_in_thread(self._payloads, venv, npm)
+            where = BAKED_ROOT if baked else hdir
             if npm is not None:
-                if not h.sandbox_payload:
-                    raise HarnessError(f"{h.name} lists no sandbox_payload to ship into a {self.network!r} sandbox")
-                archive = await run_in_thread(ensure_payload, npm, h.sandbox_payload)
-                npm_dir, payload = f"{hdir}/npm", f"{hdir}/payload.tar.gz"
-                await sandbox.upload_file(archive, payload)
-            if venv is not None:  # the whole venv, relinked to the sandbox's own python in run.sh
-                archive = await run_in_thread(ensure_venv_payload, venv)
-                shipped = ShippedVenv(path=f"{hdir}/venv", archive=f"{hdir}/venv.tar.gz", host_path=str(venv),
-                                      python=venv_python_version(venv))
-                await sandbox.upload_file(archive, shipped.archive)
+                npm_dir = f"{where}/npm"
+                if not baked:
+                    payload = f"{hdir}/payload.tar.gz"
+                    await sandbox.upload_file(archives["npm"], payload)
+            if venv is not None:
+                shipped = ShippedVenv(path=f"{where}/venv", archive=None if baked else f"{hdir}/venv.tar.gz",
+                                      host_path=str(venv), python=venv_python_version(venv))
+                if shipped.archive:
+                    await sandbox.upload_file(archives["venv"], shipped.archive)
                 venv = shipped.path
         await sandbox.upload_content(h.task_text(self.task_env, task), f"{hdir}/task.txt")
         for i, text in enumerate(h.rendered_files(hdir, str(venv) if venv else None, npm_dir, self.model).values()):
@@ -358,10 +393,12 @@ class HarnessEnv(gym.Env):
         self._record = rollout.record
         try:
             te.task = task
-            te.sandbox = await client.create_sandbox(**{**te.sandbox_spec(task), "block_network": self.network != "host"})
+            spec = {**te.sandbox_spec(task), "block_network": self.network != "host"}
+            baked = await self._baked_image(client, spec.get("image"), venv, npm)
+            te.sandbox = await client.create_sandbox(**{**spec, "image": baked or spec.get("image")})
             self.trajectory.sandbox_id = te.sandbox.sandbox_id
             te.ctx = await te.setup(te.sandbox, task)
-            await self._launch(te.sandbox, te.ctx, task, venv, npm)
+            await self._launch(te.sandbox, te.ctx, task, venv, npm, baked=baked is not None)
             kind, value = await self._next_event()
         except BaseException as e:
             await self._end(None, f"reset failed: {type(e).__name__}: {e}", truncated=True)
@@ -455,5 +492,5 @@ def make_harness_env(entry_point: str, harness: Any = None, **kwargs: Any) -> gy
     if harness is None:
         return creator(**kwargs)
     own = {k: kwargs.pop(k) for k in ("proxy", "max_steps", "max_seconds", "network", "proxy_url", "model",
-                                       "render_mode", "observation_max_length") if k in kwargs}
+                                       "render_mode", "observation_max_length", "bake_payloads") if k in kwargs}
     return HarnessEnv(creator, harness, **own, **kwargs)

@@ -193,7 +193,7 @@ class ShippedVenv(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     path: str
-    archive: str
+    archive: str | None = None  # None: already unpacked at `path` (a baked image, baked.py)
     host_path: str
     python: str = Field(pattern=r"^3\.\d+$")
 
@@ -202,8 +202,10 @@ class ShippedVenv(BaseModel):
         why = f"orchard: the sandbox has no {exe} to run {harness}'s venv (built with python {self.python})"
         probe = ("import os, sys; print(os.path.realpath(getattr(sys, '_base_executable', sys.executable)) "
                  f"if '%d.%d' % sys.version_info[:2] == '{self.python}' else '')")
+        unpack = ([f"mkdir -p {v} && tar -xzf {q(self.archive)} -C {v} && rm -f {q(self.archive)} || exit 96"]
+                  if self.archive else [])
         return "\n".join([
-            f"mkdir -p {v} && tar -xzf {q(self.archive)} -C {v} && rm -f {q(self.archive)} || exit 96",
+            *unpack,
             'ORCHARD_PY=""',
             f'for c in {v}/runtime/bin/{exe} "$(command -v {exe})" /usr/bin/{exe} /usr/local/bin/{exe}; do',
             # the interpreter says where its base executable is (a task venv's python, a shim: not that)
