@@ -2,6 +2,8 @@
 # Install orchard-gym into ./.venv (idempotent). Extras as arguments, e.g.
 #   bash scripts/install.sh            # the package: local backend, SDK, CLI
 #   bash scripts/install.sh dev,server # plus what the tests and the orchestrator need
+# ORCHARD_LAZY_BYTECODE=1: no compiling of every module up front (scripts/test.sh: .venv is only ever
+# run by this host's own processes, which write each .pyc when they first import the module).
 # As root on Debian/Ubuntu it also installs bubblewrap, which gives local sandboxes
 # their own PID, mount and network namespaces (without it they are plain processes).
 set -euo pipefail
@@ -45,7 +47,9 @@ torch=()
 [[ ",$extras," == *",train,"* ]] && torch=("$TORCH")
 source scripts/venv_install.sh   # uv with pip's configuration where it can, else pip
 echo "[install] install -e '$spec' into .venv"
-venv_install .venv "${torch[@]}" -e "$spec"
-venv_install .venv --no-deps "$SWEBENCH"
+lazy=()
+[[ ${ORCHARD_LAZY_BYTECODE:-} == 1 ]] && lazy=(--lazy-bytecode)
+venv_install "${lazy[@]}" .venv "${torch[@]}" -e "$spec"
+venv_install "${lazy[@]}" .venv --no-deps "$SWEBENCH"
 echo "$stamp" >"$stamp_file"
 echo "[install] done: .venv/bin/orchard --help"

@@ -9,15 +9,24 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Bytecode caches on for the run: many container images set PYTHONDONTWRITEBYTECODE=1, and
+# then every Python process the suite starts (workers, CLI runs, examples: hundreds) compiled
+# the project's modules again, and pytest rewrote every test module's asserts again in each
+# worker (collection: 15 CPU-s a worker without the caches, 11 with them, on this machine).
+unset PYTHONDONTWRITEBYTECODE
+
 bash scripts/setup_system.sh          # bubblewrap, podman, redis-server, debootstrap, ...
-bash scripts/install.sh dev,server,docker,k8s,train,gui,integrations   # gui: the miniwob package (MiniWoB++ pages); train: torch (CPU), transformers, TRL for tests/test_train_grpo.py; integrations: OpenEnv, SkyRL-Gym
+# .venv without compiling all of it up front (ORCHARD_LAZY_BYTECODE): only this host's processes run it,
+# and they import a fraction of its 2.3 GB (torch, transformers, ...). Compiling every module was
+# 46 CPU-s, 28 s of a fresh clone's 36 s install, before anything else could start.
+ORCHARD_LAZY_BYTECODE=1 bash scripts/install.sh dev,server,docker,k8s,train,gui,integrations   # gui: the miniwob package (MiniWoB++ pages); train: torch (CPU), transformers, TRL for tests/test_train_grpo.py; integrations: OpenEnv, SkyRL-Gym
 # The type checker (pyproject.toml [tool.mypy]) runs beside the rest of the set-up: it needs only .venv,
 # and it is one CPU for ~15 s with a cold cache. Its cache lives with the user's caches (mypy checks each
 # cached module by content hash, so a fresh clone on this machine reuses it: under a second).
 mypy_log=$(mktemp)
 MYPY_CACHE_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/orchard-gym/mypy" .venv/bin/mypy >"$mypy_log" 2>&1 &
 mypy_pid=$!
-# The rest of the set-up is three independent chains, run at once: on a brand-new machine they took
+# The rest of the set-up is independent chains, run at once: on a brand-new machine the first three took
 # 390 s one after another and under 200 s at once, both CPUs busy throughout (docs/testing.md). Each
 # step still skips what is already there; their lines carry their step's [tag].
 setup_pids=() setup_names=()
@@ -31,6 +40,10 @@ setup_chain images 'bash scripts/build_test_images.sh &&  # localhost/orchard/{b
     rest=$?; wait $gui && exit $rest; }'
 # The images chain is the longest (its steps wait on each other); the other two take the CPU it leaves.
 setup_chain harnesses 'nice -n 10 bash scripts/install_harnesses.sh'  # mini-swe-agent, OpenHands (PyPI), Codex CLI, OpenClaw, Claude Code (npm), pinned, only if missing
+# What the workers import, compiled once here (collecting the run's tests imports every test module; the
+# .pyc files and pytest's rewritten test modules are kept), not by the three workers at once as they
+# start. Only a warm-up: its failures show again, and count, in the run itself.
+setup_chain bytecode "nice -n 10 .venv/bin/python -m pytest -q -p no:cacheprovider --collect-only -n 0 $(printf '%q ' "$@")>/dev/null 2>&1; true"
 setup_chain venvs 'nice -n 10 bash scripts/install_verifiers.sh &&  # .venv-verifiers: verifiers 0.4 (pins mcp 2, OpenEnv needs mcp<2)
   nice -n 10 bash scripts/install_harbor.sh >/dev/null'  # harbor==0.25.0 on Debian's python3.13 (Harbor's own runner and models), only if missing
 setup_failed=()
@@ -49,11 +62,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 # only the variant limits in docs/testing.md may skip. A module that cannot even be
 # imported is an error, and the rest of the suite still runs.
 export ORCHARD_REQUIRE=all
-# Bytecode caches on for the run: many container images set PYTHONDONTWRITEBYTECODE=1, and
-# then every Python process the suite starts (workers, CLI runs, examples: hundreds) compiled
-# the project's modules again, and pytest rewrote every test module's asserts again in each
-# worker (collection: 15 CPU-s a worker without the caches, 11 with them, on this machine).
-unset PYTHONDONTWRITEBYTECODE
 ruff check .   # the linter (config in pyproject.toml): a finding fails the run before the tests start
 mypy_status=0; wait "$mypy_pid" || mypy_status=$?   # the type checker on the ground floor's core types
 cat "$mypy_log"; rm -f "$mypy_log"
