@@ -15,7 +15,8 @@ from conftest import needs
 from orchard_gym import AsyncSandboxClient
 from orchard_gym.envs.claw.env import ClawEnv, ClawOraclePolicy
 from orchard_gym.envs.claw.sandbox import claw_tools
-from orchard_gym.envs.claw.sandbox.claw_service import World, canonical
+from orchard_gym.envs.claw.sandbox.claw_service import (DH_G, DH_P, DH_SECRET_BITS, World, canonical, dh_key,
+                                                         dh_secret)
 from orchard_gym.envs.claw.tasks import load_tasks
 
 TASKS = load_tasks("builtin")
@@ -266,3 +267,16 @@ def test_docker_oracle_passes_idle_fails_and_cli_matches_function(image):
     assert report_fn["passed"] and report_fn["hardened"] and report_cli["passed"]
     assert state_fn == state_cli
     assert not idle["passed"] and idle["completion"] == 0.0
+
+
+def test_the_key_exchange_agrees_on_a_key_from_short_secrets_and_refuses_degenerate_values():
+    """Both sides' private exponents are 256-bit (NIST SP 800-56A's floor for group 14 is 224),
+    drawn afresh each time; the shared key is the same on both sides; a public value the policy
+    could force the key with (1, p-1, 0, p) is refused."""
+    ours, theirs = dh_secret(), dh_secret()
+    assert ours != theirs and all(2 <= x < 2 ** DH_SECRET_BITS for x in (ours, theirs))
+    assert max(dh_secret().bit_length() for _ in range(64)) > DH_SECRET_BITS - 8  # not a narrow range
+    assert dh_key(pow(DH_G, theirs, DH_P), ours) == dh_key(pow(DH_G, ours, DH_P), theirs)
+    for bad in (0, 1, DH_P - 1, DH_P):
+        with pytest.raises(ValueError, match="Diffie-Hellman"):
+            dh_key(bad, ours)

@@ -30,7 +30,7 @@ from pathlib import Path
 from orchard_gym.client import AsyncSandboxInstance
 
 from .sandbox import claw_tools
-from .sandbox.claw_service import DH_G, DH_P, dh_key
+from .sandbox.claw_service import DH_G, DH_P, dh_key, dh_secret
 
 POLICY_FILES = ["claw_wire.py", "claw_cli.py", "claw_mcp.py"]  # the policy's doors: files in its workdir
 SERVICE_MODULES = ["claw_tools", "claw_service"]  # sent to claw_boot on stdin, never files in the sandbox
@@ -115,7 +115,7 @@ class ClawService:
         if tools is None:
             tools = [claw_tools.schema(n) for n in claw_tools.TOOLS if not allowed or n in allowed]
         await sandbox.upload_content(skill_markdown(tools, "claw").encode(), f"{home}/SKILL.md")
-        secret = secrets.randbelow(DH_P - 3) + 2
+        secret = dh_secret()
         config = {"seed": seed, "faults": faults, "allowed": allowed, "dh": str(pow(DH_G, secret, DH_P))}
         service, header = boot_argv(python), boot_header(SERVICE_MODULES, "claw_service")
         if world is not None:

@@ -68,6 +68,15 @@ DH_P = int("FFFFFFFFFFFFFFFFC90FDAA22168C234C4C6628B80DC1CD129024E088A67CC74020B
            "E39E772C180E86039B2783A2EC07A28FB5C55DF06F4C52C9DE2BCBF6955817183995497CEA956AE515D2261898FA0510"
            "15728E5A8AACAA68FFFFFFFFFFFFFFFF", 16)
 DH_G = 2
+# Private exponents of 256 bits, not 2048: group 14 gives 112-bit security, and NIST SP 800-56A
+# (rev. 3, 5.6.1.1.1) asks a safe-prime group's private key for at least twice that. A full-size
+# exponent cost ~20 ms per modular exponentiation, four per episode (two here, two in the env).
+DH_SECRET_BITS = 256
+
+
+def dh_secret() -> int:
+    """A private Diffie-Hellman exponent in [2, 2**DH_SECRET_BITS)."""
+    return secrets.randbelow(2 ** DH_SECRET_BITS - 2) + 2
 
 
 def canonical(obj) -> str:
@@ -338,7 +347,7 @@ def run(socket_path: str, config: dict, make_world, seal=None, foreground: bool 
     """Start a world service (this one, or agentdojo_service's): harden, agree on the key, build
     the world (`make_world(config)`), bind, seal imports, say hello, go to the background, serve."""
     hardened = harden()
-    ours = secrets.randbelow(DH_P - 3) + 2
+    ours = dh_secret()
     key = dh_key(int(config["dh"]), ours)
     world = make_world(config)
     if os.path.exists(socket_path):
