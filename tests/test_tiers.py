@@ -62,6 +62,33 @@ def test_groups_are_modules_podman_and_docs_pages_with_slow_tests_costing_more()
     assert cost_of(_Item("tests/test_x.py::test_a", pytest.mark.slow.mark)) > cost_of(_Item("tests/test_x.py::test_a"))
 
 
+def test_measured_durations_order_the_groups_and_the_log_parser_reads_them(tmp_path, monkeypatch):
+    """A test tests/durations.json lists costs what it measured; one it does not list, the floor
+    (a fast one: the run listed every test over its --durations-min); garbage there: the guess."""
+    import json
+
+    import tiers
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from test_durations import main, parse
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    log = ["1796324133 61.96s call     tests/test_a.py::test_b[x y]", "0.51s setup    tests/test_a.py::test_b[x y]",
+           "12.00s call     tests/test_a.py::test_c", "============ slowest durations ====", "garbage 3s call"]
+    assert parse(log) == {"tests/test_a.py::test_b[x y]": 62.5, "tests/test_a.py::test_c": 12.0}
+    assert main([str(tmp_path / "missing.log")]) == 2 and main([]) == 2
+    (tmp_path / "empty.log").write_text("nothing here\n")
+    assert main([str(tmp_path / "empty.log")]) == 1
+    for text, long, short in ((json.dumps(parse(log)), 62.5, tiers.MEASURED_FLOOR),
+                              ("[not a dict", tiers.FAST_COST, tiers.FAST_COST)):
+        (tmp_path / "durations.json").write_text(text)
+        monkeypatch.setattr(tiers, "DURATIONS", str(tmp_path / "durations.json"))
+        monkeypatch.setattr(tiers, "_measured", None)
+        assert cost_of(_Item("tests/test_a.py::test_b[x y]")) == long
+        assert cost_of(_Item("tests/test_a.py::test_other")) == short
+
+
 def test_loadgroup_keeps_each_module_in_one_worker_in_order():
     """pytest 9 broke xdist's own `--dist loadgroup` (it appends the group to `Item._nodeid`, which
     pytest 9 no longer reads): every test was scheduled alone, and a docs page's blocks ran in two

@@ -204,11 +204,26 @@ def group_of(item: pytest.Item) -> str:
 
 
 # The scheduler's guess of a test's seconds, for the order it hands out groups in (longest first):
-# a full-suite test (slow mark) takes about ten times a fast one (the full suite's --durations).
-SLOW_COST, FAST_COST = 10.0, 1.0
+# what a full run measured (tests/durations.json, scripts/test_durations.py), else a guess: a
+# full-suite test (slow mark) takes about ten times a fast one. With the guess alone, groups of
+# a few long tests (a docs page of harness runs) came late and one worker ran them at the end.
+SLOW_COST, FAST_COST, MEASURED_FLOOR = 10.0, 1.0, 0.5
+DURATIONS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "durations.json")
+_measured: dict[str, float] | None = None
 
 
 def cost_of(item: pytest.Item) -> float:
+    global _measured
+    if _measured is None:
+        try:
+            with open(DURATIONS) as f:
+                _measured = {k: float(v) for k, v in json.load(f).items()}
+        except (OSError, ValueError, AttributeError, TypeError):  # missing or garbled: the guess
+            _measured = {}
+    if item.nodeid in _measured:
+        return max(_measured[item.nodeid], MEASURED_FLOOR)
+    if _measured:  # a run listed every test over its --durations-min: this one was under it
+        return MEASURED_FLOOR if not item.get_closest_marker("slow") else FAST_COST
     return SLOW_COST if item.get_closest_marker("slow") else FAST_COST
 
 
