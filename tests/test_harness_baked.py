@@ -11,7 +11,7 @@ import tarfile
 import pytest
 from conftest import docker_engine, needs
 
-from orchard_gym.wrappers.harness.baked import _key, baked_image
+from orchard_gym.wrappers.harness.baked import bake_key, baked_image
 
 
 def _archive(path, files: dict[str, bytes]):
@@ -26,15 +26,15 @@ def _archive(path, files: dict[str, bytes]):
 def test_the_key_follows_the_image_and_every_archive(tmp_path):
     a = _archive(tmp_path / "a.tar.gz", {"x": b"1"})
     b = _archive(tmp_path / "b.tar.gz", {"y": b"2"})
-    key = _key("sha256:base", {"/opt/a": a, "/opt/b": b})
-    assert key == _key("sha256:base", {"/opt/b": b, "/opt/a": a})  # the order given does not matter
-    assert key != _key("sha256:other", {"/opt/a": a, "/opt/b": b})  # another task image
-    assert key != _key("sha256:base", {"/opt/a": a})  # one archive fewer
-    assert key != _key("sha256:base", {"/opt/c": a, "/opt/b": b})  # unpacked elsewhere
+    key = bake_key("sha256:base", {"/opt/a": a, "/opt/b": b})
+    assert key == bake_key("sha256:base", {"/opt/b": b, "/opt/a": a})  # the order given does not matter
+    assert key != bake_key("sha256:other", {"/opt/a": a, "/opt/b": b})  # another task image
+    assert key != bake_key("sha256:base", {"/opt/a": a})  # one archive fewer
+    assert key != bake_key("sha256:base", {"/opt/c": a, "/opt/b": b})  # unpacked elsewhere
     _archive(b, {"y": b"22"})  # the payload rebuilt
-    assert key != _key("sha256:base", {"/opt/a": a, "/opt/b": b})
+    assert key != bake_key("sha256:base", {"/opt/a": a, "/opt/b": b})
     os.utime(a, ns=(1, 1))
-    assert _key("sha256:base", {"/opt/a": a}) != _key("sha256:base", {"/opt/a": b})
+    assert bake_key("sha256:base", {"/opt/a": a}) != bake_key("sha256:base", {"/opt/a": b})
 
 
 @pytest.mark.docker

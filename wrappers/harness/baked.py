@@ -46,7 +46,7 @@ def baked_image(base_url: str, image: str, harness: str, archives: dict[str, Pat
             return None
     finally:
         client.close()
-    key = _key(base_id, archives)
+    key = bake_key(base_id, archives)
     tag = f"localhost/orchard/harness-{harness}:{key}"
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / f"baked-{key}.lock", "w") as lock:
@@ -61,7 +61,7 @@ def baked_image(base_url: str, image: str, harness: str, archives: dict[str, Pat
             return build_image(base_url, tag, Path(context), BUILD_TIMEOUT, f"{harness}'s payload into {image}", tag)
 
 
-def _key(base_id: str, archives: dict[str, Path]) -> str:
+def bake_key(base_id: str, archives: dict[str, Path]) -> str:
     """A hash of the image's id and each archive's folder, name, size and mtime (an archive is
     rewritten, and so gets a new mtime, whenever what it packs changes)."""
     h = hashlib.sha256(base_id.encode())
