@@ -42,10 +42,10 @@ def test_the_key_follows_the_image_and_every_archive(tmp_path):
 def test_a_payload_is_baked_once_where_the_launch_looks_and_a_missing_image_is_not_baked(tmp_path):
     import docker
 
-    from orchard_gym.backends.engine import open_engine
+    from orchard_gym.backends.engine import default_base_url, open_engine
     from orchard_gym.client import SandboxClient
 
-    base_url = os.environ.get("DOCKER_HOST", "unix:///run/podman/podman.sock")
+    base_url = default_base_url()
     archive = _archive(tmp_path / "p.tar.gz", {"bin/hello": b"baked\n", "lib/x": b"x"})
     folders = {"/opt/orchard-harness/npm": archive}
     assert baked_image(base_url, "localhost/orchard/no-such-image:1", "demo", folders, tmp_path) is None
@@ -78,3 +78,13 @@ def test_a_payload_is_baked_once_where_the_launch_looks_and_a_missing_image_is_n
                 except docker.errors.ImageNotFound:
                     pass
         client.close()
+
+
+def test_bake_payloads_refuses_what_is_not_a_bool():
+    import gymnasium as gym
+
+    import orchard_gym  # noqa: F401  (registers the envs)
+
+    for garbage in ("no", 0, None, [True]):
+        with pytest.raises(gym.error.Error, match="bake_payloads must be True or False"):
+            gym.make("Orchard/SWE-v0", harness="mini-swe-agent", backend={"type": "local"}, bake_payloads=garbage)

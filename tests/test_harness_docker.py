@@ -29,12 +29,12 @@ from orchard_gym.wrappers.harness.baked import BAKED_ROOT  # noqa: E402
 from orchard_gym.wrappers.proxy import ProxyConfig, RecordingProxy  # noqa: E402
 
 TASK = "semver-3.0.2"
+SPEC = load_tasks("builtin")[TASK]
 
 
 def succeeds(box, command: str) -> bool:
     """Whether `command` exits 0 in the (async) sandbox `box`."""
     return LoopThread.shared().run(box.exec(command, timeout=60)).exit_code == 0
-SPEC = load_tasks("builtin")[TASK]
 
 
 def _missing() -> str | None:

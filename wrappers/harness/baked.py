@@ -32,33 +32,44 @@ def baked_image(base_url: str, image: str, harness: str, archives: dict[str, Pat
     """The tag of `image` with each archive unpacked at its folder (`archives`: folder in the
     image -> .tar.gz on the host), built once (under a file lock in `lock_dir`: concurrent envs
     wait for one build). None when the engine has no `image`: the backend then pulls it, or says
-    why not, and the archives are uploaded as before."""
+    why not, and the archives are uploaded as before. Every reset asks: once the image is there
+    that is two lookups on the engine, no lock, no build context."""
     import docker
 
     from orchard_gym.backends.engine import open_engine
     from orchard_gym.envs.harbor.images import build_image
 
     client, _ = open_engine(base_url, timeout=int(BUILD_TIMEOUT))
-    try:
+
+    def exists(name: str) -> str | None:  # the image's id, None when the engine has no such image
         try:
-            base_id = client.images.get(image).id
+            return client.images.get(name).id
         except docker.errors.ImageNotFound:
             return None
+
+    try:
+        base_id = exists(image)
+        if base_id is None:
+            return None
+        key = bake_key(base_id, archives)
+        tag = f"localhost/orchard/harness-{harness}:{key}"
+        if exists(tag):
+            return tag
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"baked-{key}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if exists(tag):  # another process built it while this one waited
+                return tag
+            with tempfile.TemporaryDirectory(prefix="orchard-bake-") as context:
+                lines = [f"FROM {base_id.removeprefix('sha256:')}", f"LABEL orchard.harness-baked={harness}"]
+                for i, (folder, archive) in enumerate(sorted(archives.items())):
+                    _link_or_copy(archive, Path(context) / f"payload-{i}.tar.gz")
+                    lines.append(f"ADD payload-{i}.tar.gz {folder}/")  # a local .tar.gz is unpacked there
+                (Path(context) / "Dockerfile").write_text("\n".join(lines) + "\n")
+                return build_image(base_url, tag, Path(context), BUILD_TIMEOUT, f"{harness}'s payload into {image}",
+                                   tag)
     finally:
         client.close()
-    key = bake_key(base_id, archives)
-    tag = f"localhost/orchard/harness-{harness}:{key}"
-    lock_dir.mkdir(parents=True, exist_ok=True)
-    with open(lock_dir / f"baked-{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with tempfile.TemporaryDirectory(prefix="orchard-bake-") as context:
-            lines = [f"FROM {base_id.removeprefix('sha256:')}", f"LABEL orchard.harness-baked={harness}"]
-            for i, (folder, archive) in enumerate(sorted(archives.items())):
-                _link_or_copy(archive, Path(context) / f"payload-{i}.tar.gz")
-                lines.append(f"ADD payload-{i}.tar.gz {folder}/")  # a local .tar.gz is unpacked there
-            (Path(context) / "Dockerfile").write_text("\n".join(lines) + "\n")
-            # the engine has `tag` already (this process or another built it): nothing is built
-            return build_image(base_url, tag, Path(context), BUILD_TIMEOUT, f"{harness}'s payload into {image}", tag)
 
 
 def bake_key(base_id: str, archives: dict[str, Path]) -> str:

@@ -103,6 +103,8 @@ class HarnessEnv(gym.Env):
             raise gym.error.Error(f"render_mode must be None or 'ansi', not {render_mode!r}")
         if max_steps < 1:
             raise gym.error.Error("max_steps must be at least 1")
+        if not isinstance(bake_payloads, bool):
+            raise gym.error.Error(f"bake_payloads must be True or False, not {bake_payloads!r}")
         if network not in ("isolated", "proxy", "host"):
             raise gym.error.Error(f"network must be 'isolated', 'proxy' or 'host', not {network!r}")
         self.task_env: SandboxEnv = env(**env_kwargs) if isinstance(env, type) else env
@@ -112,7 +114,7 @@ class HarnessEnv(gym.Env):
         self.env_id = self.task_env.env_id
         self.max_steps, self.max_seconds = max_steps, max_seconds
         self.network, self.proxy_url, self.model = network, proxy_url, model
-        self.bake_payloads = bool(bake_payloads)
+        self.bake_payloads = bake_payloads
         self.render_mode = render_mode
         self.observation_space = UnicodeText(observation_max_length)
         self.action_space = AnyAction(1_000_000)
@@ -198,9 +200,9 @@ class HarnessEnv(gym.Env):
     async def _baked_image(self, client, image: str | None, venv, npm) -> str | None:
         """On an in-process docker backend, the task's image with the payloads in it (baked.py),
         else None (they are uploaded at launch)."""
-        backend = client.backend
         if not self.bake_payloads or client.backend_name != "docker" or (venv is None and npm is None):
             return None
+        backend = client.backend
         from .baked import BAKED_ROOT, baked_image
         from .install import npm_root
 
